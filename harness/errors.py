@@ -1,0 +1,50 @@
+"""One exception hierarchy for everything a user can meet.
+
+The CLI turns any :class:`SpecchaosError` into one line on stderr and exit code 2.
+Anything else escaping is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class SpecchaosError(Exception):
+    """A user-facing error: says what went wrong, where, and what to do next.
+
+    Args:
+        message: what went wrong, one sentence.
+        where: the file/field/endpoint concerned (e.g. ``"experiments/x.yaml: method[1].provider.arguments.role"``).
+        hint: what to do about it.
+    """
+
+    def __init__(self, message: str, where: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def one_line(self) -> str:
+        """The error as a single line: ``where: message (hint)``."""
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text += f" ({self.hint})"
+        return " ".join(text.split())
+
+
+class ExperimentError(SpecchaosError):
+    """The experiment file is malformed, or names an unknown fault, role or option."""
+
+
+class ModelError(SpecchaosError):
+    """A model directory is missing, partial or unusable."""
+
+
+class StackError(SpecchaosError):
+    """A server could not be started, reached, or stopped (port in use, crash at start...)."""
+
+
+class LoadError(SpecchaosError):
+    """The load generator (locust) could not be started or died."""
+
+
+class FaultError(SpecchaosError):
+    """A fault could not be injected, or left no evidence that it acted."""

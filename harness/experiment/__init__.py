@@ -1,0 +1,1 @@
+"""Chaos Toolkit integration: experiment config, controls, actions, probes, runner."""

@@ -1,0 +1,1 @@
+"""Load generation: prompt sets, one streaming client, the locust user, request records."""

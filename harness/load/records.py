@@ -1,0 +1,123 @@
+"""The request record: one JSON object per request, one line each in ``records.jsonl``.
+
+This is the single boundary between the load side (locust process, reference fetch,
+liveness probes) and everything that judges (metrics, checks, report). Everything
+downstream is a pure function of these records.
+
+Instants are seconds since the epoch (:func:`harness.clock.now`); durations are seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+
+@dataclass
+class RequestRecord:
+    """One streaming completion request as seen by the client.
+
+    Fields:
+        request_id: unique id (uuid4 hex) of this request.
+        source: who sent it: ``"load"`` (locust user), ``"reference"``, ``"probe"``.
+        user_id: locust user index (``-1`` when not from locust).
+        prompt_id: id of the prompt in the prompt set (see :mod:`harness.load.prompts`).
+        prompt_class: ``"short"`` (< 64 tokens), ``"medium"`` (~128), ``"long"`` (~512).
+        max_tokens: the ``max_tokens`` asked for.
+        send_time: epoch seconds when the request was sent.
+        ttft_s: seconds from send to the first chunk carrying output (None if none came).
+        chunk_offsets_s: arrival time of every chunk that carried output tokens, in seconds
+            after ``send_time`` (so ``chunk_offsets_s[0] == ttft_s``).
+        chunk_tokens: output tokens in each of those chunks (same length as
+            ``chunk_offsets_s``); speculative decoding bundles several tokens per chunk.
+        e2e_s: seconds from send to the end of the exchange: the final ``[DONE]``, the
+            error, or the cut, whichever ended it (None only if it never ended).
+        output_tokens: ``usage.completion_tokens`` from the final usage chunk (None if absent).
+        prompt_tokens: ``usage.prompt_tokens`` (None if absent).
+        finish_reason: the choice's ``finish_reason`` (``"stop"``, ``"length"``, None).
+        text: concatenated output text.
+        token_ids: concatenated output token ids (``return_token_ids``), None if the
+            server did not return them.
+        status: HTTP status code, None if no response head arrived.
+        error: error class, None on success. One of ``"connect"`` (refused/unreachable),
+            ``"http_<code>"``, ``"stream_error"`` (an error event inside the stream),
+            ``"stream_cut"`` (connection closed before ``[DONE]``), ``"timeout"``,
+            ``"bad_payload"`` (unparsable chunk), or ``"other:<ExceptionName>"``.
+        error_detail: short human text for the error (first 300 chars).
+        done: True if the stream ended with ``data: [DONE]``.
+        ok: the client's own verdict: HTTP 200, no error, ``[DONE]`` seen, a
+            finish_reason present. Checks re-derive this strictly (see
+            :func:`harness.checks.integrity.is_complete`) and never trust it alone.
+    """
+
+    request_id: str
+    source: str = "load"
+    user_id: int = -1
+    prompt_id: int = -1
+    prompt_class: str = ""
+    max_tokens: int = 0
+    send_time: float = 0.0
+    ttft_s: float | None = None
+    chunk_offsets_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    e2e_s: float | None = None
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    text: str = ""
+    token_ids: list[int] | None = None
+    status: int | None = None
+    error: str | None = None
+    error_detail: str | None = None
+    done: bool = False
+    ok: bool = False
+
+    @property
+    def end_time(self) -> float | None:
+        """Epoch seconds when the exchange ended, or None."""
+        return None if self.e2e_s is None else self.send_time + self.e2e_s
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RequestRecord":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def append_record(path: str | os.PathLike, record: RequestRecord) -> None:
+    """Append one record as a JSON line and flush it to the OS (crash-safe enough)."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(record.to_json() + "\n")
+
+
+def write_records(path: str | os.PathLike, records: Iterable[RequestRecord]) -> None:
+    """Write records as JSONL, replacing the file."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(r.to_json() + "\n")
+
+
+def iter_records(path: str | os.PathLike) -> Iterator[RequestRecord]:
+    """Yield records from a JSONL file. A torn last line (writer killed mid-write) is skipped."""
+    p = Path(path)
+    if not p.exists():
+        return
+    with p.open(encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield RequestRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                continue
+
+
+def read_records(path: str | os.PathLike) -> list[RequestRecord]:
+    """All records of a JSONL file (see :func:`iter_records`)."""
+    return list(iter_records(path))

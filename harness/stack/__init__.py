@@ -1,0 +1,1 @@
+"""Stack launchers: they alone start, supervise and stop the system under test."""

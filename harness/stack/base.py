@@ -1,0 +1,43 @@
+"""What every launcher provides (local processes now; docker and external later).
+
+A *server* is one vLLM OpenAI-compatible server; a *stack* is the speculative server
+(``"spec"``) plus, optionally, the non-speculative reference (``"ref"``) on the same
+target model. Process *roles* inside one server, from the process tree:
+
+* ``"api"``: the API server process (``vllm.entrypoints.openai.api_server``),
+* ``"engine"``: its child whose title starts with ``VLLM::EngineCore``,
+* ``"worker"``: the engine's child whose title starts with ``VLLM::Worker``
+  (runs both the target and the draft model).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import psutil
+
+ROLES = ("api", "engine", "worker")
+
+
+class Server(Protocol):
+    name: str                 # "spec" or "ref"
+    base_url: str             # e.g. "http://127.0.0.1:41234"
+    model: str                # served model name to put in requests
+    incarnation: int          # 0 for the first start, +1 per supervised restart
+    restarts: list[dict[str, Any]]  # one {"t", "returncode", "incarnation"} per restart
+
+    def roles(self) -> dict[str, list[psutil.Process]]:
+        """Live processes per role (see module doc). Empty lists when down."""
+
+    def api_process(self) -> psutil.Process | None:
+        """The current API server process, or None when down."""
+
+
+class Stack(Protocol):
+    launcher: str                 # "local"
+    vllm_version: str
+    speculative: dict[str, Any]   # {"method", "draft", "num_speculative_tokens"}
+    servers: dict[str, Server]    # "spec" and, if configured, "ref"
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
