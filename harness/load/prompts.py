@@ -1,0 +1,229 @@
+"""A fixed, seeded prompt set of mixed lengths, measured with the target model's tokenizer.
+
+Three length classes (token counts as the server counts them, i.e. with the tokenizer's
+special tokens such as BOS, so ``Prompt.prompt_tokens`` equals vLLM's
+``usage.prompt_tokens``):
+
+* ``"short"``: 16..60 tokens (each prompt draws its own target in that range),
+* ``"medium"``: 128 +- 8 tokens,
+* ``"long"``: 512 +- 16 tokens.
+
+Text comes from a seeded word generator (plain English words in sentences), so the same
+seed and tokenizer give the same prompt set byte for byte. Ids are ``0..n-1``: shorts
+first, then mediums, then longs.
+
+The set is saved as ``OUT/prompts.json``::
+
+    {"format": "specchaos-prompts/1", "prompts": [{"prompt_id", "prompt_class", "text",
+     "prompt_tokens", "max_tokens"}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from harness.errors import LoadError, ModelError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "specchaos-prompts/1"
+
+PROMPT_CLASSES = ("short", "medium", "long")
+
+#: (lowest target, highest target, accepted min, accepted max) tokens per class.
+CLASS_BOUNDS: dict[str, tuple[int, int, int, int]] = {
+    "short": (16, 60, 16, 60),
+    "medium": (124, 132, 120, 136),
+    "long": (504, 520, 496, 528),
+}
+
+_WORDS = (
+    "the of and to in is was that for it with as on be at by this had not are but from or "
+    "have an they which one you were her all she there would their we him been has when who "
+    "will more no if out so said what up its about into than them can only other new some "
+    "could time these two may then do first any my now such like our over man me even most "
+    "made after also did many before must through back years where much your way well down "
+    "should because each just those people how too little state good very make world still "
+    "own see men work long get here between both life being under never day same another know "
+    "while last might us great old year off come since against go came right used take three "
+    "house river garden light water stone city road morning evening winter summer market "
+    "window table letter story music paper voice field forest mountain island bridge tower "
+    "station engine signal number measure answer question reason result system process "
+    "request server token stream model draft target cache memory latency network fault "
+    "recovery baseline phase quiet bright heavy simple careful early late small large open "
+    "close slowly quickly together always often sometimes again almost already"
+).split()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of the set.
+
+    Fields:
+        prompt_id: index in the set, ``0..n-1``.
+        prompt_class: ``"short"``, ``"medium"`` or ``"long"`` (see module doc).
+        text: the prompt text sent as the completion ``prompt``.
+        prompt_tokens: its length in tokens with the target's tokenizer (special tokens
+            included, as vLLM counts ``usage.prompt_tokens``).
+        max_tokens: ``max_tokens`` to ask for.
+    """
+
+    prompt_id: int
+    prompt_class: str
+    text: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+def _words(rng: random.Random, n: int) -> list[str]:
+    """``n`` words in sentences of 5..14 words: capitalised first word, final full stop."""
+    out: list[str] = []
+    while len(out) < n:
+        sentence = [rng.choice(_WORDS) for _ in range(rng.randint(5, 14))]
+        sentence[0] = sentence[0].capitalize()
+        sentence[-1] += "."
+        out.extend(sentence)
+    return out[:n]
+
+
+def load_token_counter(tokenizer_dir: str | os.PathLike) -> Callable[[str], int]:
+    """A function text -> token count using the tokenizer in ``tokenizer_dir``.
+
+    Uses ``transformers.AutoTokenizer`` (what vLLM uses), counting special tokens the
+    tokenizer adds (e.g. BOS), so counts match ``usage.prompt_tokens``.
+
+    Raises:
+        ModelError: the directory has no loadable tokenizer.
+    """
+    d = Path(tokenizer_dir)
+    if not d.is_dir():
+        raise ModelError("tokenizer directory does not exist", where=str(d),
+                         hint="build the tiny models first (models/manifest.json)")
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(d))
+    except Exception as exc:  # transformers raises many types here
+        raise ModelError(f"cannot load tokenizer: {type(exc).__name__}: {exc}"[:300], where=str(d),
+                         hint="the directory needs tokenizer.json / tokenizer_config.json") from None
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=True)["input_ids"])
+
+    return count
+
+
+def _fit(rng: random.Random, count: Callable[[str], int], target: int, lo: int, hi: int) -> tuple[str, int]:
+    """Text whose token count is as close to ``target`` as whole words allow, within [lo, hi]."""
+    n = max(8, target)  # words >= tokens - special tokens for any sane tokenizer; grow if not
+    words = _words(rng, n)
+    while count(" ".join(words)) < target:
+        words += _words(rng, n)
+        n *= 2
+        if n > 64 * max(target, 1):
+            raise LoadError(f"cannot reach {target} prompt tokens", where="harness.load.prompts",
+                            hint="the tokenizer counts far fewer tokens than words")
+    # Largest prefix k with count <= target (token count is non-decreasing in k).
+    a, b = 1, len(words)
+    while a < b:
+        m = (a + b + 1) // 2
+        if count(" ".join(words[:m])) <= target:
+            a = m
+        else:
+            b = m - 1
+    best: tuple[int, str, int] | None = None
+    for k in (a, a + 1):
+        if 1 <= k <= len(words):
+            text = " ".join(words[:k])
+            c = count(text)
+            if lo <= c <= hi and (best is None or abs(c - target) < best[0]):
+                best = (abs(c - target), text, c)
+    if best is None:
+        raise LoadError(f"no prompt within {lo}..{hi} tokens (target {target})", where="harness.load.prompts",
+                        hint="the tokenizer splits words into too many tokens for these bounds")
+    return best[1], best[2]
+
+
+def build_prompt_set(
+    tokenizer_dir: str | os.PathLike,
+    *,
+    seed: int,
+    short: int,
+    medium: int,
+    long: int,
+    max_tokens: int,
+    count_tokens: Callable[[str], int] | None = None,
+) -> list[Prompt]:
+    """Build the seeded prompt set (see module doc for the classes).
+
+    Args:
+        tokenizer_dir: the target model directory (its tokenizer measures lengths).
+        seed: the same seed and tokenizer give the same set.
+        short, medium, long: how many prompts of each class.
+        max_tokens: ``max_tokens`` of every prompt.
+        count_tokens: optional text -> token count to use instead of loading
+            ``tokenizer_dir`` (tests).
+
+    Returns:
+        ``short + medium + long`` prompts with ids ``0..n-1`` in class order.
+
+    Raises:
+        ModelError: no tokenizer in ``tokenizer_dir``.
+        LoadError: a negative count, or the tokenizer cannot produce a class's length.
+    """
+    if min(short, medium, long) < 0 or max_tokens < 1:
+        raise LoadError("prompt counts must be >= 0 and max_tokens >= 1", where="harness.load.prompts")
+    count = count_tokens or load_token_counter(tokenizer_dir)
+    rng = random.Random(seed)
+    prompts: list[Prompt] = []
+    for cls, n in (("short", short), ("medium", medium), ("long", long)):
+        t_lo, t_hi, lo, hi = CLASS_BOUNDS[cls]
+        for _ in range(n):
+            target = rng.randint(t_lo, t_hi)
+            text, tokens = _fit(rng, count, target, lo, hi)
+            prompts.append(Prompt(len(prompts), cls, text, tokens, max_tokens))
+    log.debug("built %d prompts (seed %d)", len(prompts), seed)
+    return prompts
+
+
+def save_prompt_set(path: str | os.PathLike, prompts: Sequence[Prompt]) -> None:
+    """Write the set as JSON (see module doc), replacing ``path``."""
+    data = {"format": FORMAT, "prompts": [asdict(p) for p in prompts]}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def load_prompt_set(path: str | os.PathLike) -> list[Prompt]:
+    """Read a set written by :func:`save_prompt_set`.
+
+    Raises:
+        LoadError: missing file, not JSON, wrong format, or a malformed prompt.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"cannot read prompt set: {exc}", where=str(p)) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("prompts"), list):
+        raise LoadError(f"not a prompt set (expected format {FORMAT!r})", where=str(p))
+    out: list[Prompt] = []
+    for i, item in enumerate(data["prompts"]):
+        try:
+            prompt = Prompt(
+                prompt_id=int(item["prompt_id"]),
+                prompt_class=str(item["prompt_class"]),
+                text=str(item["text"]),
+                prompt_tokens=int(item["prompt_tokens"]),
+                max_tokens=int(item["max_tokens"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LoadError(f"malformed prompt: {exc!r}", where=f"{p}: prompts[{i}]") from None
+        if prompt.prompt_class not in PROMPT_CLASSES:
+            raise LoadError(f"unknown prompt_class {prompt.prompt_class!r}", where=f"{p}: prompts[{i}]")
+        out.append(prompt)
+    return out
