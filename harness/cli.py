@@ -1,0 +1,141 @@
+"""The ``specchaos`` command line.
+
+    specchaos run FILE [--out DIR]       run a Chaos Toolkit experiment, strict verdict
+    specchaos validate FILE              check an experiment without starting anything
+    specchaos report DIR                 re-judge a finished run from its saved data
+    specchaos models build [--dir DIR]   build the tiny offline models
+    specchaos cleanup [--force]          tear down what a crashed run left behind
+
+Exit codes: 0 pass, 1 fail, 2 error (bad input, a run that could not be judged).
+Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from harness.errors import SpecchaosError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Chaos and resilience testing for speculative-decoding vLLM stacks.")
+models_app = typer.Typer(no_args_is_help=True, help="Tiny offline models for the embedded CPU stack.")
+app.add_typer(models_app, name="models")
+
+err = Console(stderr=True)
+out = Console()
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    if verbose < 2:
+        for noisy in ("chaostoolkit", "httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING if verbose == 0 else logging.INFO)
+
+
+def _fail(exc: SpecchaosError) -> None:
+    err.print(f"specchaos: error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.callback()
+def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                              help="-v: progress, -vv: debug.")) -> None:
+    _setup_logging(verbose)
+
+
+@app.command()
+def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
+        out_dir: Path = typer.Option(Path("results/latest"), "--out", help="Directory for journal.json, report.json, records, logs.")) -> None:
+    """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
+    from harness.experiment.runner import run as run_experiment
+    from harness.report.summary import print_summary
+
+    if not logging.getLogger().isEnabledFor(logging.INFO):
+        logging.getLogger("harness").setLevel(logging.INFO)
+        logging.getLogger("faults").setLevel(logging.INFO)
+    try:
+        code, report = run_experiment(file, out_dir)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    except KeyboardInterrupt:
+        err.print("specchaos: error: interrupted before the experiment started; nothing was injected")
+        raise typer.Exit(2)
+    if report is not None:
+        print_summary(report, out)
+        if report.get("errors"):
+            err.print(f"specchaos: error: {report['errors'][0]}", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"report: {out_dir / 'report.json'}   journal: {out_dir / 'journal.json'}", highlight=False)
+    raise typer.Exit(code)
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON).")) -> None:
+    """Validate an experiment (file, faults, arguments, models, ports) without starting anything."""
+    from harness.experiment.runner import load_experiment
+
+    try:
+        exp = load_experiment(file)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    out.print(f"{file}: valid ({exp.title})", highlight=False)
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run directory written by `specchaos run`.")) -> None:
+    """Re-judge a finished run from its saved records and timeline, and rewrite report.json."""
+    from harness.experiment.runner import EXIT_CODES, rejudge
+    from harness.report.summary import print_summary
+
+    try:
+        rep = rejudge(run_dir)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    print_summary(rep, out)
+    raise typer.Exit(EXIT_CODES.get(rep["verdict"], 2))
+
+
+@models_app.command("build")
+def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where to build target, draft-exact, draft-noisy."),
+                 force: bool = typer.Option(False, "--force", help="Rebuild even if the models verify.")) -> None:
+    """Build the tiny Llama target and its drafts, offline and deterministically (skips when built)."""
+    from harness.stack.models import build_models
+
+    try:
+        info = build_models(dir, force=force)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    out.print(f"models ready in {dir}: {info}", highlight=False)
+
+
+@app.command()
+def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down runs whose owner still lives."),
+            state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Default: $SPECCHAOS_STATE_DIR or ~/.local/state/specchaos.")) -> None:
+    """Kill servers/load left by a crashed run and revert its open faults (pid-reuse safe)."""
+    from faults.cleanup import cleanup as do_cleanup
+
+    res = do_cleanup(state_dir, force=force)
+    out.print(f"cleanup: {res}", highlight=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except SpecchaosError as exc:  # pragma: no cover - commands catch their own
+        err.print(f"specchaos: error: {exc.one_line()}", markup=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The ``specchaos`` Chaos Toolkit control: it brackets the experiment.
+
+Declare it in the experiment (``controls: [{name: specchaos, provider: {type: python,
+module: harness.experiment.control}}]``). Chaos Toolkit then calls:
+
+* ``configure_control`` once: opens the session (when run by plain ``chaos run``,
+  the run directory is ``$SPECCHAOS_OUT`` or ``results/chaos-<epoch>``);
+* ``before_experiment_control``: starts the stack, reference, load, warm-up and the
+  baseline phase, so the steady-state hypothesis *before* the method judges a real
+  baseline. Any failure interrupts the experiment (rollbacks still run);
+* ``after_experiment_control``: stops the load, clears every fault, stops the stack,
+  and judges the recorded data into ``report.json`` (strict verdict, see
+  :mod:`harness.experiment.runner`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from chaoslib.exceptions import InterruptExecution
+
+from harness.clock import now
+from harness.errors import SpecchaosError
+from harness.experiment import session as sess
+from harness.experiment.config import parse_config
+
+log = logging.getLogger(__name__)
+
+__all__ = ["configure_control", "before_experiment_control", "after_experiment_control", "cleanup_control"]
+
+
+def configure_control(configuration: dict | None = None, experiment: dict | None = None, **_: Any) -> None:
+    """Open a session if the runner did not (plain ``chaos run``)."""
+    s = sess.peek()
+    if s is not None and not s.closed:
+        return
+    cfg = parse_config((configuration or {}).get("specchaos"))
+    out = Path(os.environ.get("SPECCHAOS_OUT") or f"results/chaos-{int(now())}")
+    title = (experiment or {}).get("title", "experiment")
+    sess.open_session(sess.RunInfo(title=title, source="chaos run", out_dir=out, cfg=cfg))
+
+
+def before_experiment_control(context: dict, configuration: dict | None = None, **_: Any) -> None:
+    """Start everything and run warm-up + baseline. Raises InterruptExecution on failure."""
+    s = sess.current()
+    try:
+        s.start()
+    except SpecchaosError as exc:
+        s.errors.append(exc.one_line())
+        raise InterruptExecution(exc.one_line()) from exc
+    except (KeyboardInterrupt, InterruptExecution, SystemExit):
+        s.interrupted = True
+        raise
+    except Exception as exc:  # a bug, but the run must still end cleanly and say why
+        log.exception("starting the experiment failed")
+        s.errors.append(f"start failed: {type(exc).__name__}: {exc}")
+        raise InterruptExecution(str(exc)) from exc
+
+
+def after_experiment_control(context: dict, state: dict | None = None, configuration: dict | None = None,
+                             **_: Any) -> None:
+    """Tear down and judge. ``state`` is the Chaos Toolkit journal."""
+    s = sess.peek()
+    if s is None:
+        return
+    with signals_deferred():
+        if state and state.get("status") == "interrupted":
+            s.interrupted = True
+        s.close()
+        s.judge(journal=state)
+
+
+@contextmanager
+def signals_deferred():
+    """Ignore SIGINT/SIGTERM while tearing down (main thread only), so a second Ctrl-C
+    cannot leave a server or a fault behind. Restores the previous handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def cleanup_control() -> None:
+    """Last resort: make sure nothing is left running when Chaos Toolkit unloads controls."""
+    s = sess.peek()
+    if s is not None and not s.closed:
+        with signals_deferred():
+            s.close()

