@@ -1,0 +1,213 @@
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.checks.integrity import divergence_index, first_divergence, integrity_checks, is_complete
+from tests.factories import cut, fail, make_record
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+# ---------------------------------------------------------------- is_complete
+
+def test_complete_record_is_complete():
+    assert is_complete(make_record()) == (True, "")
+    assert is_complete(make_record(max_tokens=10, finish_reason="stop"))[0]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(status=500), "HTTP status 500"),
+        (dict(status=None), "HTTP status None"),
+        (dict(error="stream_error"), "error stream_error"),
+        (dict(done=False), "[DONE]"),
+        (dict(e2e_s=None), "never ended"),
+        (dict(finish_reason=None), "finish_reason"),
+        (dict(finish_reason="abort"), "finish_reason"),
+        (dict(output_tokens=None), "usage"),
+        (dict(output_tokens=5), "chunks carried 4 tokens, usage says 5"),
+        (dict(chunk_tokens=[1, 1, 1]), "chunk token counts"),
+        (dict(token_ids=[1, 2, 3]), "3 token ids, usage says 4"),
+        (dict(max_tokens=0), "max_tokens not recorded"),
+        (dict(max_tokens=3), "exceed max_tokens 3"),
+        (dict(max_tokens=8), "finish_reason 'length' at 4 tokens"),
+    ],
+)
+def test_each_rule_breaks_completeness(change, words):
+    r = dataclasses.replace(make_record(), **change)
+    ok, why = is_complete(r)
+    assert not ok
+    assert words in why
+
+
+def test_complete_ignores_client_ok_label():
+    r = make_record(ok=False)
+    assert is_complete(r)[0]  # strict re-derivation, not the label
+    assert not is_complete(cut(make_record(), 2, labelled_ok=True))[0]
+
+
+def test_token_ids_absent_is_allowed():
+    assert is_complete(dataclasses.replace(make_record(), token_ids=None))[0]
+
+
+@given(
+    toks=st.lists(st.integers(1, 5), min_size=1, max_size=20),
+    data=st.data(),
+    labelled_ok=st.booleans(),
+)
+def test_cutting_a_stream_anywhere_before_done_is_never_complete(toks, data, labelled_ok):
+    r = make_record(chunk_tokens=toks)
+    k = data.draw(st.integers(0, len(toks)))
+    c = cut(r, k, labelled_ok=labelled_ok)
+    assert not is_complete(c)[0]
+    # even if the client somehow saw usage, no [DONE] means not complete
+    c2 = dataclasses.replace(c, output_tokens=sum(c.chunk_tokens), finish_reason="stop", error=None, status=200)
+    assert not is_complete(c2)[0]
+
+
+# ---------------------------------------------------------------- divergence
+
+def test_divergence_index():
+    assert divergence_index([1, 2, 3], [1, 2, 3]) is None
+    assert divergence_index([1, 9, 3], [1, 2, 3]) == 1
+    assert divergence_index([1, 2], [1, 2, 3]) == 2
+    assert divergence_index([], [1]) == 0
+
+
+def test_first_divergence_names_index_tokens_and_lengths():
+    a = make_record(token_ids=[5, 6, 7, 8])
+    b = make_record(token_ids=[5, 6, 70, 8])
+    assert first_divergence(a, a) is None
+    msg = first_divergence(a, b)
+    assert msg == "token 2: got 7, expected 70 (got 4 tokens, expected 4)"
+    shorter = make_record(token_ids=[5, 6], chunk_tokens=[1, 1])
+    msg = first_divergence(shorter, a)
+    assert msg == "token 2: got <end>, expected 7 (got 2 tokens, expected 4)"
+
+
+def test_first_divergence_falls_back_to_text():
+    a = dataclasses.replace(make_record(), token_ids=None, text="hello world")
+    b = dataclasses.replace(make_record(), text="hello there")
+    msg = first_divergence(a, b)
+    assert msg.startswith("char 6: got 'w', expected 't'")
+
+
+@given(
+    ids=st.lists(st.integers(0, 50000), min_size=1, max_size=64),
+    data=st.data(),
+)
+def test_single_changed_token_reported_at_its_index(ids, data):
+    i = data.draw(st.integers(0, len(ids) - 1))
+    new = data.draw(st.integers(0, 50000).filter(lambda v: v != ids[i]))
+    changed = list(ids)
+    changed[i] = new
+    got = make_record(token_ids=changed, chunk_tokens=[1] * len(ids))
+    exp = make_record(token_ids=ids, chunk_tokens=[1] * len(ids))
+    msg = first_divergence(got, exp)
+    assert msg.startswith(f"token {i}: got {new}, expected {ids[i]}")
+    _, summary = integrity_checks([got], {0: exp}, min_compared=1)
+    assert summary["mismatched"] == 1
+    assert f"token {i}:" in summary["first_divergence"]
+
+
+# ---------------------------------------------------------------- integrity_checks
+
+def ref_for(pid, n=4):
+    return make_record(prompt_id=pid, source="reference", chunk_tokens=[1] * n)
+
+
+def test_all_good_passes():
+    refs = {p: ref_for(p) for p in range(3)}
+    recs = [make_record(prompt_id=p, chunk_tokens=[2, 1, 1]) for p in range(3) for _ in range(2)]
+    checks, s = integrity_checks(recs, refs, min_compared=6)
+    assert all(c.passed for c in checks), checks
+    assert s["compared"] == 6 and s["mismatched"] == s["malformed"] == s["false_success"] == 0
+    assert s["first_divergence"] is None
+
+
+def test_changed_token_fails_mismatched():
+    refs = {0: ref_for(0)}
+    bad = make_record(prompt_id=0, token_ids=[0, 1, 99, 3])
+    checks, s = integrity_checks([make_record(prompt_id=0), bad], refs, min_compared=1)
+    c = by_name(checks)["integrity.mismatched"]
+    assert not c.passed and c.observed == 1 and c.limit == 0
+    assert "token 2: got 99, expected 2" in c.detail
+    assert bad.request_id in s["first_divergence"]
+
+
+def test_cut_stream_labelled_ok_fails_false_success():
+    refs = {0: ref_for(0)}
+    recs = [make_record(prompt_id=0), cut(make_record(prompt_id=0), 2, labelled_ok=True)]
+    checks, s = integrity_checks(recs, refs, min_compared=1)
+    c = by_name(checks)["integrity.false_success"]
+    assert not c.passed and c.observed == 1
+    assert s["false_success"] == 1
+    assert s["compared"] == 1  # the cut one is never compared as a success
+    assert by_name(checks)["integrity.mismatched"].passed
+
+
+def test_chunk_total_not_usage_fails_malformed():
+    refs = {0: ref_for(0)}
+    bad = dataclasses.replace(make_record(prompt_id=0), output_tokens=5, max_tokens=8)
+    checks, s = integrity_checks([make_record(prompt_id=0), bad], refs, min_compared=1)
+    c = by_name(checks)["integrity.malformed"]
+    assert not c.passed and c.observed == 1
+    assert "chunks carried 4 tokens, usage says 5" in c.detail
+    assert s["examples"]["malformed"][0]["request_id"] == bad.request_id
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(finish_reason=None),
+        dict(token_ids=[0, 1, 2]),
+        dict(max_tokens=3),
+        dict(max_tokens=9),  # finish "length" below the limit
+    ],
+)
+def test_other_malformed_finished_responses(change):
+    bad = dataclasses.replace(make_record(prompt_id=0), **change)
+    checks, s = integrity_checks([bad], {0: ref_for(0)}, min_compared=0)
+    assert s["malformed"] == 1
+    assert not by_name(checks)["integrity.malformed"].passed
+
+
+def test_honest_errors_are_neither_malformed_nor_false_success():
+    recs = [fail(), cut(make_record(), 1)]
+    checks, s = integrity_checks(recs + [make_record()], {0: ref_for(0)}, min_compared=1)
+    assert s["malformed"] == 0 and s["false_success"] == 0
+    assert all(c.passed for c in checks)
+
+
+def test_nothing_compared_fails_coverage_even_with_zero_minimum():
+    checks, s = integrity_checks([make_record(prompt_id=7)], {0: ref_for(0)}, min_compared=0)
+    c = by_name(checks)["integrity.compared"]
+    assert not c.passed and c.observed == 0
+    assert c.category == "coverage"
+
+
+def test_too_few_compared_fails_coverage():
+    checks, _ = integrity_checks([make_record()], {0: ref_for(0)}, min_compared=5)
+    c = by_name(checks)["integrity.compared"]
+    assert not c.passed and c.observed == 1 and c.limit == 5
+
+
+def test_incomplete_reference_is_not_compared():
+    checks, s = integrity_checks([make_record()], {0: cut(ref_for(0), 2)}, min_compared=1)
+    assert s["compared"] == 0
+    assert not by_name(checks)["integrity.compared"].passed
+
+
+def test_different_max_tokens_compares_prefix():
+    ref = make_record(prompt_id=0, chunk_tokens=[1] * 8)  # 8 tokens, length-limited at 8
+    short = make_record(prompt_id=0, chunk_tokens=[1] * 4)  # length-limited at 4: a prefix
+    _, s = integrity_checks([short], {0: ref}, min_compared=1)
+    assert s["compared"] == 1 and s["mismatched"] == 0
+    wrong = make_record(prompt_id=0, token_ids=[0, 1, 5, 3])
+    _, s = integrity_checks([wrong], {0: ref}, min_compared=1)
+    assert s["mismatched"] == 1
