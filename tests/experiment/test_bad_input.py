@@ -1,0 +1,139 @@
+"""Bad input: one clear line naming what and where, exit 2, nothing started or injected.
+These run the real CLI in a subprocess; none of them may start a server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.procs import sut_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENT = ROOT / "experiments" / "kill-draft-worker.yaml"
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def doc() -> dict:
+    d = yaml.safe_load(EXPERIMENT.read_text())
+    d["configuration"]["specchaos"]["stack"]["models_dir"] = str(ROOT / "models")
+    return d
+
+
+def write(tmp: Path, d: dict | str, name="exp.yaml") -> Path:
+    p = tmp / name
+    p.write_text(d if isinstance(d, str) else yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("specchaos: error: "), lines[0]
+    assert "Traceback" not in res.stderr + res.stdout
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def no_new_processes():
+    before = sut_pids()
+    yield
+    assert sut_pids() - before == set(), "bad input must not start anything"
+
+
+@pytest.fixture
+def models_built():
+    if not (ROOT / "models" / "manifest.json").exists():
+        pytest.skip("models not built (make test builds them)")
+
+
+def test_missing_file(tmp_path, no_new_processes):
+    res = cli("run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "nope.yaml", "no such experiment file")
+
+
+def test_yaml_syntax_error_names_line(tmp_path, no_new_processes):
+    p = write(tmp_path, "title: x\ndescription: y\nmethod: [\n  - {type: action\n")
+    res = cli("run", str(p), "--out", str(tmp_path / "o"))
+    line = assert_one_line_error(res, "invalid YAML")
+    assert f"{p}:" in line
+
+
+def test_not_a_chaos_toolkit_experiment(tmp_path, no_new_processes):
+    d = doc()
+    del d["description"]
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "description")
+
+
+def test_unknown_fault(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["method"][0]["provider"]["arguments"]["kind"] = "process-explode"
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "process-explode", "method[0]", "process-kill")
+    assert not (tmp_path / "o" / "ledger.jsonl").exists()
+
+
+def test_unknown_role(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["method"][0]["provider"]["arguments"]["arguments"]["role"] = "drafter"
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "method[0].provider.arguments.arguments.role")
+
+
+def test_unknown_config_field(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["configuration"]["specchaos"]["load"]["userz"] = 3
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.load.userz")
+
+
+def test_non_loopback_host_refused(tmp_path, no_new_processes):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["host"] = "192.168.1.10"
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.stack.host", "loopback")
+
+
+def test_missing_models(tmp_path, no_new_processes):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["models_dir"] = str(tmp_path / "no-models")
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "no-models", "models build")
+
+
+def test_port_in_use(tmp_path, no_new_processes, models_built):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        d = doc()
+        d["configuration"]["specchaos"]["stack"]["spec_port"] = port
+        res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, f"port {port}", "spec_port", "in use")
+
+
+def test_missing_control(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["controls"] = []
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "controls", "harness.experiment.control")
+
+
+def test_default_experiment_validates(models_built):
+    res = cli("validate", str(EXPERIMENT))
+    assert res.returncode == 0, res.stderr
+    assert "valid" in res.stdout

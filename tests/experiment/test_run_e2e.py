@@ -1,0 +1,201 @@
+"""End to end on real parts: `specchaos run` of the default experiment against a real
+speculative vLLM stack (tiny models, CPU), a real locust process and a real SIGKILL of
+the VLLM::Worker. Then the failure paths a user meets: Ctrl-C / SIGTERM in the middle
+of a run, and a server that never comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.procs import leaked_since, sut_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENT = ROOT / "experiments" / "kill-draft-worker.yaml"
+MODELS = ROOT / "models"
+
+pytestmark = pytest.mark.stack
+
+
+def specchaos(*args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def variant(tmp: Path, name: str, **changes) -> Path:
+    """A copy of the default experiment with absolute models_dir and some config changed
+    (``changes`` maps dotted paths under configuration.specchaos to values)."""
+    doc = yaml.safe_load(EXPERIMENT.read_text())
+    spec = doc["configuration"]["specchaos"]
+    spec["stack"]["models_dir"] = str(MODELS)
+    for dotted, value in changes.items():
+        node = spec
+        *head, last = dotted.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One real run of the default experiment, shared by the assertions below."""
+    out = tmp_path_factory.mktemp("run") / "out"
+    exp = variant(out.parent, "default")
+    before = sut_pids()
+    t0 = time.monotonic()
+    proc = specchaos("run", str(exp), "--out", str(out))
+    output, _ = proc.communicate(timeout=900)
+    wall_s = time.monotonic() - t0
+    report = json.loads((out / "report.json").read_text())
+    print(output[-4000:])
+    print(f"default experiment wall time: {wall_s:.0f} s")
+    return {"rc": proc.returncode, "output": output, "out": out, "report": report,
+            "wall_s": wall_s, "leaked": leaked_since(before)}
+
+
+def test_default_experiment_passes(default_run):
+    rep = default_run["report"]
+    failed = [c for c in rep["checks"] if not c["passed"]]
+    assert rep["verdict"] == "pass", f"failed checks: {failed}; errors: {rep.get('errors')}"
+    assert default_run["rc"] == 0
+    assert "PASS" in default_run["output"].upper()
+
+
+def test_every_phase_has_requests(default_run):
+    phases = default_run["report"]["phases"]
+    for name in ("baseline", "fault", "recovery", "after"):
+        assert name in phases, name
+        assert phases[name]["requests"] > 0, (name, phases[name])
+        assert phases[name]["end"] >= phases[name]["start"]
+    base = phases["baseline"]
+    assert base["errors"] == 0
+    assert base["ttft_s"]["p50"] is not None and base["ttft_s"]["p50"] <= base["ttft_s"]["p99"]
+    assert base["output_tokens_per_s"] > 0
+    # the kill makes requests fail during the fault phase
+    assert phases["fault"]["errors"] > 0
+
+
+def test_fault_recorded_with_evidence(default_run):
+    rep = default_run["report"]
+    assert len(rep["faults"]) == 1
+    f = rep["faults"][0]
+    assert f["kind"] == "process-kill"
+    assert "worker" in f["target"]
+    assert f["injected_at"] > 0 and f["cleared_at"] >= f["injected_at"]
+    assert rep["restarts"] >= 1
+    ledger = [json.loads(l) for l in (default_run["out"] / "ledger.jsonl").read_text().splitlines()]
+    assert ledger and ledger[0]["state"] == "intended", "the ledger must record intent before acting"
+
+
+def test_recovery_measured(default_run):
+    rec = default_run["report"]["recovery"]
+    for key in ("time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s"):
+        assert rec[key] is not None and rec[key] > 0, (key, rec)
+    assert rec["time_to_healthy_s"] <= rec["time_to_first_success_s"] + 1.0
+
+
+def test_integrity_against_reference(default_run):
+    integ = default_run["report"]["integrity"]
+    assert integ["compared"] >= 20
+    assert integ["mismatched"] == 0
+    assert integ["malformed"] == 0
+    req = default_run["report"]["requests"]
+    assert req["total"] == req["ok"] + req["failed"] and req["failed"] > 0
+
+
+def test_stack_and_journal_written(default_run):
+    rep = default_run["report"]
+    assert rep["stack"]["launcher"] == "local"
+    assert rep["stack"]["speculative"]["method"] == "draft_model"
+    assert rep["stack"]["speculative"]["num_speculative_tokens"] == 4
+    assert rep["stack"]["vllm_version"]
+    journal = json.loads((default_run["out"] / "journal.json").read_text())
+    assert journal["steady_states"]["before"]["steady_state_met"] is True
+    assert journal["steady_states"]["after"]["steady_state_met"] is True
+
+
+def test_no_process_left_after_run(default_run):
+    assert default_run["leaked"] == []
+
+
+def test_rejudge_from_saved_data(default_run):
+    proc = specchaos("report", str(default_run["out"]))
+    output, _ = proc.communicate(timeout=120)
+    again = json.loads((default_run["out"] / "report.json").read_text())
+    assert proc.returncode == 0, output
+    assert again["integrity"] == default_run["report"]["integrity"]
+    assert again["verdict"] == default_run["report"]["verdict"]
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _phase_started(out: Path, phase: str) -> bool:
+    tl = out / "timeline.jsonl"
+    return tl.exists() and f'"phase": "{phase}"' in tl.read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_run_tears_down_and_writes_partial_report(tmp_path, sig):
+    out = tmp_path / "out"
+    exp = variant(tmp_path, "interrupted", **{"stack.reference": False, "phases.baseline_s": 60,
+                                               "integrity.min_compared": 0})
+    before = sut_pids()
+    proc = specchaos("run", str(exp), "--out", str(out))
+    try:
+        _wait_for(lambda: _phase_started(out, "baseline") and (out / "records.jsonl").exists(), 300,
+                  "the baseline phase")
+        time.sleep(3)
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, output[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["verdict"] == "error"
+    assert rep["requests"]["total"] > 0, "partial results already measured must be written"
+    assert leaked_since(before) == []
+    assert f"interrupted" in " ".join(rep["errors"]).lower() or rep.get("interrupted"), rep["errors"]
+
+
+def test_server_that_never_comes_back_is_not_a_pass(tmp_path):
+    """No restarts allowed: the kill leaves the server dead. The fault's evidence
+    (a supervised restart) never comes, recovery is never reached: the run must end
+    as error (exit 2), with the recovery checks failed, and nothing left running."""
+    out = tmp_path / "out"
+    exp = variant(tmp_path, "never-back", **{"stack.reference": False, "stack.restart.max_restarts": 0,
+                                             "phases.baseline_s": 10, "phases.fault_timeout_s": 15,
+                                             "phases.recovery_timeout_s": 10, "phases.after_s": 5,
+                                             "integrity.min_compared": 0})
+    before = sut_pids()
+    proc = specchaos("run", str(exp), "--out", str(out))
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 2, output[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["verdict"] == "error"
+    assert rep["restarts"] == 0
+    assert rep["recovery"]["time_to_healthy_s"] is None
+    assert rep["recovery"]["time_to_first_success_s"] is None
+    failed = {c["name"] for c in rep["checks"] if not c["passed"]}
+    assert "recovery.time_to_healthy_s" in failed and "recovery.time_to_first_success_s" in failed
+    assert any("evidence" in e for e in rep["errors"]), rep["errors"]
+    assert leaked_since(before) == []
