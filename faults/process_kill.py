@@ -1,0 +1,302 @@
+"""Fault family ``process-kill``: send a terminating signal to one process role of a server.
+
+The target is a role (``api``, ``engine`` or ``worker``, see :mod:`harness.stack.base`)
+of one server of the stack (``spec`` or ``ref``). Every process of that role is
+signalled, pid-reuse safe: the pid's create_time and command line are recorded, and
+re-checked through a pidfd immediately before the signal, so a pid that now belongs
+to another process is never signalled.
+
+Evidence: every signalled process is gone (``gone_after_s``) and, when
+``expect_restart``, the server's supervisor brought up a new incarnation that became
+ready (``restart_seen_after_s``, measured from the signal). A kill has nothing to
+revert: :meth:`ProcessKill.clear` and :meth:`ProcessKill.recover` do nothing.
+
+Example (experiment arguments)::
+
+    {"kind": "process-kill", "server": "spec", "role": "worker", "signal": "SIGKILL"}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as signal_mod
+import time
+from typing import Any, ClassVar, Literal
+
+import psutil
+from pydantic import Field, field_validator
+
+from faults.base import Evidence, Fault, FaultParams
+from harness.clock import now
+from harness.errors import FaultError
+
+log = logging.getLogger(__name__)
+
+#: Signals this family sends: the ones that end a process (by default action or by the
+#: process's own handler). SIGSTOP/SIGCONT freeze and thaw: a separate (freeze) family.
+KILL_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP")
+FREEZE_SIGNALS = ("SIGSTOP", "SIGCONT", "SIGTSTP")
+
+_POLL_S = 0.02
+
+
+def normalise_signal(name: str) -> str:
+    """``"kill"``/``"SIGKILL"``/``" sigterm "`` → ``"SIGKILL"``/``"SIGTERM"``.
+
+    Raises:
+        ValueError: a freeze signal (SIGSTOP/SIGCONT/SIGTSTP) or a name not in
+            :data:`KILL_SIGNALS`.
+    """
+    up = str(name).strip().upper()
+    if not up.startswith("SIG"):
+        up = "SIG" + up
+    if up in FREEZE_SIGNALS:
+        raise ValueError(
+            f"{up} freezes or thaws a process instead of ending it; process-kill only sends "
+            f"{', '.join(KILL_SIGNALS)} (freezing belongs to the process-freeze family)"
+        )
+    if up not in KILL_SIGNALS:
+        raise ValueError(f"unknown signal {name!r}; use one of {', '.join(KILL_SIGNALS)}")
+    return up
+
+
+def cmdline_of(proc: psutil.Process) -> list[str]:
+    """``proc.cmdline()`` without the trailing empty strings a retitled process shows
+    (setproctitle pads its title with NULs, as vLLM's ``VLLM::Worker`` does).
+
+    Raises:
+        psutil.Error: the process is gone or not readable.
+    """
+    args = list(proc.cmdline())
+    while args and args[-1] == "":
+        args.pop()
+    return args
+
+
+def same_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> bool:
+    """Whether ``pid`` still is the process recorded with ``create_time`` (epoch s, as
+    psutil gives it) and, if given, ``cmdline``. Zombies count as gone (False)."""
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > 1e-3:
+            return False
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return cmdline is None or cmdline_of(p) == list(cmdline)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+def send_signal_exact(pid: int, create_time: float, signum: int, cmdline: list[str] | None = None) -> bool:
+    """Send ``signum`` to ``pid`` only if it still is the recorded process.
+
+    Race-free against pid reuse on Linux: a pidfd is opened first, then the identity is
+    checked; if the check passes, the pidfd refers to that same process (it existed
+    before and after the pidfd was opened), and the signal goes through the pidfd.
+    Falls back to ``os.kill`` right after the check where pidfds are unavailable.
+
+    Returns:
+        True if signalled; False if the pid is gone or now belongs to another process.
+
+    Raises:
+        PermissionError: the process exists but may not be signalled by this user.
+    """
+    fd = None
+    try:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except (AttributeError, OSError):
+            fd = None
+        if not same_process(pid, create_time, cmdline):
+            return False
+        try:
+            if fd is not None:
+                signal_mod.pidfd_send_signal(fd, signum)
+            else:
+                os.kill(pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+class ProcessKillParams(FaultParams):
+    """Arguments of ``process-kill``.
+
+    Fields:
+        server: key of ``stack.servers`` (``"spec"`` or ``"ref"``).
+        role: ``"api"``, ``"engine"`` or ``"worker"``; every process of the role is signalled.
+        signal: a name from :data:`KILL_SIGNALS`, with or without ``SIG`` (``"KILL"``).
+        expect_restart: evidence requires a supervised restart of the server
+            (a new incarnation that became ready).
+        gone_timeout_s: how long the signalled processes may take to disappear.
+    """
+
+    server: str = "spec"
+    role: Literal["api", "engine", "worker"] = "worker"
+    signal: str = "SIGKILL"
+    expect_restart: bool = True
+    gone_timeout_s: float = Field(15.0, gt=0)
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str) -> str:
+        return normalise_signal(v)
+
+
+class ProcessKill(Fault):
+    """Kill (or terminate) every process of one role of one server."""
+
+    kind: ClassVar[str] = "process-kill"
+    Params: ClassVar[type[FaultParams]] = ProcessKillParams
+
+    def __init__(self, params: ProcessKillParams):
+        super().__init__(params)
+        self.facts: dict[str, Any] | None = None
+
+    def describe_target(self, ctx: Any) -> str:
+        """``"<server>/<role>"``, e.g. ``"spec/worker"``."""
+        return f"{self.params.server}/{self.params.role}"
+
+    def _server(self, ctx: Any) -> Any:
+        servers = ctx.stack.servers
+        if self.params.server not in servers:
+            raise FaultError(
+                f"no server {self.params.server!r} in the stack",
+                where=self.describe_target(ctx),
+                hint=f"set arguments.server to one of: {', '.join(servers) or '(none started)'}",
+            )
+        return servers[self.params.server]
+
+    def inject(self, ctx: Any) -> dict[str, Any]:
+        """Signal every process of the role.
+
+        Returns:
+            ``{"pids": [int], "create_times": [float], "cmdlines": [[str]], "signal": str,
+            "incarnation_before": int, "signalled_at": epoch s}``
+
+        Raises:
+            FaultError: unknown server; no process of the role (server down); a process
+                vanished or its pid was reused between discovery and the signal (then
+                nothing is signalled). ``pids`` lists what was signalled.
+        """
+        p = self.params
+        srv = self._server(ctx)
+        procs = list((srv.roles() or {}).get(p.role) or [])
+        target = self.describe_target(ctx)
+        if not procs:
+            raise FaultError(
+                f"no {p.role} process found in server {p.server} (is it up?)",
+                where=target,
+                hint="start the stack and wait until it is ready before injecting",
+            )
+        incarnation = int(getattr(srv, "incarnation", 0))
+        recorded = []
+        for proc in procs:
+            try:
+                recorded.append((proc.pid, proc.create_time(), cmdline_of(proc)))
+            except psutil.Error as exc:
+                raise FaultError(
+                    f"{p.role} process {proc.pid} of server {p.server} vanished before it could be signalled",
+                    where=target, hint="the server may be restarting; inject once it is ready",
+                ) from exc
+        signum = int(getattr(signal_mod, p.signal))
+        for pid, ct, cmd in recorded:  # refuse before acting at all if any pid changed hands
+            if not same_process(pid, ct, cmd):
+                raise FaultError(
+                    f"pid {pid} is no longer the {p.role} process that was found "
+                    f"(gone, or its pid was reused); refusing to signal",
+                    where=target, hint="the server may be restarting; inject once it is ready",
+                )
+        pids: list[int] = []
+        for pid, ct, cmd in recorded:
+            try:
+                ok = send_signal_exact(pid, ct, signum, cmd)
+            except PermissionError as exc:
+                raise FaultError(f"not permitted to signal pid {pid}", where=target,
+                                 hint="run the harness as the user that started the stack") from exc
+            if ok:
+                pids.append(pid)
+            else:  # went away after the first signal (e.g. a sibling worker torn down with it)
+                log.info("%s pid %d went away before its own signal", target, pid)
+        if not pids:
+            raise FaultError(f"every {p.role} process of server {p.server} went away before the signal",
+                             where=target, hint="the server may be restarting; inject once it is ready")
+        recorded = [r for r in recorded if r[0] in pids]
+        signalled_at = now()
+        log.info("sent %s to %s (pids %s)", p.signal, target, pids)
+        self.facts = {
+            "pids": pids,
+            "create_times": [ct for _, ct, _ in recorded],
+            "cmdlines": [cmd for _, _, cmd in recorded],
+            "signal": p.signal,
+            "incarnation_before": incarnation,
+            "signalled_at": signalled_at,
+        }
+        return dict(self.facts)
+
+    def evidence(self, ctx: Any, timeout_s: float) -> Evidence:
+        """Wait for the signalled processes to be gone (at most ``gone_timeout_s``) and,
+        if ``expect_restart``, for the restarted server to be ready (the rest of ``timeout_s``).
+
+        Observations: ``signal``, ``pids``, ``gone`` (bool), ``gone_after_s`` (from the
+        signal; None if not gone), ``still_running`` (pids), ``expect_restart``,
+        ``incarnation_before``, ``restart_ready_at`` (epoch s or None),
+        ``restart_seen_after_s`` (ready time − signal time, or None).
+
+        Raises:
+            FaultError: called before :meth:`inject`, or ``expect_restart`` on a server
+                that cannot report restarts (no ``wait_for_incarnation``).
+        """
+        if self.facts is None:
+            raise FaultError("process-kill evidence asked before injection", where=self.describe_target(ctx))
+        p, f = self.params, self.facts
+        start = time.monotonic()
+        waiting = list(zip(f["pids"], f["create_times"]))
+        gone_at = None
+        deadline = start + min(p.gone_timeout_s, timeout_s)
+        while True:
+            waiting = [(pid, ct) for pid, ct in waiting if same_process(pid, ct)]
+            if not waiting:
+                gone_at = now()
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+        gone = gone_at is not None
+        obs: dict[str, Any] = {
+            "signal": f["signal"], "pids": f["pids"], "gone": gone,
+            "gone_after_s": round(gone_at - f["signalled_at"], 4) if gone else None,
+            "still_running": [pid for pid, _ in waiting],
+            "expect_restart": p.expect_restart, "incarnation_before": f["incarnation_before"],
+            "restart_ready_at": None, "restart_seen_after_s": None,
+        }
+        target = self.describe_target(ctx)
+        if not gone:
+            return Evidence(False, obs, f"{f['signal']} to {target} (pids {f['pids']}): still running "
+                                        f"{time.monotonic() - start:.1f} s later")
+        detail = f"{f['signal']} to {target} (pids {f['pids']}): gone after {obs['gone_after_s']:.3f} s"
+        if not p.expect_restart:
+            return Evidence(True, obs, detail + "; no restart expected")
+        srv = self._server(ctx)
+        wait = getattr(srv, "wait_for_incarnation", None)
+        if wait is None:
+            raise FaultError(f"server {p.server} cannot report restarts", where=target,
+                             hint="set arguments.expect_restart to false, or use a supervised launcher")
+        remaining = max(0.0, timeout_s - (time.monotonic() - start))
+        ready_at = wait(f["incarnation_before"] + 1, remaining)
+        if ready_at is None:
+            return Evidence(False, obs, detail + f"; no restarted server ready within {timeout_s:.0f} s")
+        obs["restart_ready_at"] = ready_at
+        obs["restart_seen_after_s"] = round(ready_at - f["signalled_at"], 3)
+        return Evidence(True, obs, detail + f"; restarted server ready {obs['restart_seen_after_s']:.1f} s "
+                                            f"after the signal")
+
+    def clear(self, ctx: Any) -> None:
+        """Nothing to revert for a kill (the supervisor restarts the server). Idempotent."""
+        return None

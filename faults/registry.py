@@ -1,0 +1,56 @@
+"""Fault families by name. Adding a family: one new module in ``faults/`` and one line here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from faults.base import Fault
+from faults.process_kill import ProcessKill
+from harness.errors import ExperimentError
+
+REGISTRY: dict[str, type[Fault]] = {
+    ProcessKill.kind: ProcessKill,
+}
+
+
+def fault_class(kind: str, where: str = "") -> type[Fault]:
+    """The family registered as ``kind``.
+
+    Raises:
+        ExperimentError: unknown kind (``where`` as given, hint lists the known kinds).
+    """
+    try:
+        return REGISTRY[kind]
+    except (KeyError, TypeError):
+        raise ExperimentError(
+            f"unknown fault {kind!r}", where=where or None, hint=f"known: {', '.join(sorted(REGISTRY))}"
+        ) from None
+
+
+def make_fault(kind: str, params: dict[str, Any] | None, where: str = "") -> Fault:
+    """Build a fault of family ``kind`` from raw experiment arguments.
+
+    Args:
+        kind: registry name, e.g. ``"process-kill"``.
+        params: the family's arguments (without ``kind``), validated by its ``Params`` model.
+        where: location of the activity for errors, e.g. ``"exp.yaml: method[2].provider"``.
+
+    Raises:
+        ExperimentError: unknown kind; or the first invalid/unknown argument, located as
+            ``<where>.arguments.<field>``.
+    """
+    cls = fault_class(kind, where)
+    try:
+        validated = cls.Params.model_validate(params or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown argument of {kind}"
+        known = ", ".join(cls.Params.model_fields)
+        loc = f"{where}.arguments.{field}" if where else f"arguments.{field}"
+        raise ExperimentError(msg, where=loc, hint=f"{kind} takes: {known}") from None
+    return cls(validated)
