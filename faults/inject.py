@@ -1,0 +1,227 @@
+"""The generic fault driver: ledger first, then act, then evidence, then clear.
+
+:class:`FaultInjector` drives any registered family the same way::
+
+    inj = FaultInjector(FaultContext(stack, timeline, Ledger(out / "ledger.jsonl")))
+    h = inj.inject("process-kill", {"role": "worker"}, where="exp.yaml: method[1]")
+    ev = inj.collect_evidence(h, timeout_s=120)
+    inj.clear(h)
+    ...
+    inj.clear_all()        # on normal end, on exception, on SIGINT/SIGTERM
+
+Every step is written to the ledger (on disk, before acting) and to the timeline
+(``fault_injected``, ``fault_evidence``, ``fault_cleared``; see :mod:`harness.timeline`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from faults.base import Evidence, Fault
+from faults.ledger import Ledger
+from faults.registry import make_fault
+from harness.clock import now
+from harness.errors import FaultError, SpecchaosError
+from harness.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+_RESERVED = frozenset({"t", "source", "event", "fault_id", "kind", "target"})
+
+
+@dataclass
+class FaultContext:
+    """What a fault may use: the started stack (servers, roles), the timeline, the ledger.
+
+    Args:
+        stack: a :class:`harness.stack.base.Stack` (``servers[name].roles()``...).
+        timeline: the run's timeline; None keeps events in memory.
+        ledger: the run's ledger.
+    """
+
+    stack: Any
+    timeline: Timeline | None
+    ledger: Ledger
+
+    def __post_init__(self) -> None:
+        if self.timeline is None:
+            self.timeline = Timeline()
+
+    @staticmethod
+    def now() -> float:
+        """The harness clock (epoch s)."""
+        return now()
+
+
+@dataclass
+class FaultHandle:
+    """One injection driven by a :class:`FaultInjector`. Times are epoch seconds."""
+
+    fault_id: str
+    kind: str
+    target: str
+    fault: Fault
+    facts: dict[str, Any] = field(default_factory=dict)
+    injected_at: float | None = None
+    cleared_at: float | None = None
+    evidence: Evidence | None = None
+    error: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Not cleared yet (it may have partly acted even if injection failed)."""
+        return self.cleared_at is None
+
+
+class FaultInjector:
+    """Drives faults through the ledger and the timeline. Thread-safe; ``clear_all`` may
+    be called from a signal handler while another call is in progress in the same thread.
+
+    Usable as a context manager: leaving the block calls :meth:`clear_all`.
+    """
+
+    def __init__(self, ctx: FaultContext):
+        self.ctx = ctx
+        self.handles: list[FaultHandle] = []
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> "FaultInjector":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.clear_all()
+
+    def inject(self, kind: str, params: dict[str, Any] | None = None, where: str = "") -> FaultHandle:
+        """Validate, record the intent in the ledger, act, record the facts, emit ``fault_injected``.
+
+        Args:
+            kind: registry name (e.g. ``"process-kill"``).
+            params: the family's arguments.
+            where: location of the activity in the experiment, for error messages.
+
+        Returns:
+            The handle (``fault_id``, ``target``, ``facts``, ``injected_at``).
+
+        Raises:
+            ExperimentError: unknown kind or invalid arguments (nothing recorded, nothing acted).
+            FaultError: the fault could not act. The ledger then holds ``failed`` and, if the
+                clear attempted right after succeeded, ``cleared``; otherwise the fault stays
+                open and :meth:`clear_all` / ``specchaos cleanup`` retry it.
+        """
+        fault = make_fault(kind, params, where)
+        ledger, tl = self.ctx.ledger, self.ctx.timeline
+        with self._lock:
+            target = fault.describe_target(self.ctx)
+            fault_id = ledger.intend(kind, target, fault.params.model_dump(mode="json"))
+            handle = FaultHandle(fault_id, kind, target, fault)
+            self.handles.append(handle)
+            try:
+                facts = fault.inject(self.ctx) or {}
+            except BaseException as exc:  # noqa: BLE001 - recorded, cleared, re-raised
+                handle.error = _describe(exc)
+                ledger.failed(fault_id, handle.error)
+                log.warning("injecting %s on %s failed: %s", kind, target, handle.error)
+                self._clear_quietly(handle)
+                if not isinstance(exc, Exception) or isinstance(exc, FaultError):
+                    raise
+                if isinstance(exc, SpecchaosError):
+                    raise FaultError(exc.message, where=exc.where, hint=exc.hint) from exc
+                raise FaultError(f"injecting {kind} failed: {handle.error}", where=where or target,
+                                 hint="see the log; the fault was rolled back") from exc
+            entry = ledger.injected(fault_id, facts)
+            handle.facts, handle.injected_at = facts, entry["t"]
+            extra = {k: v for k, v in facts.items() if k not in _RESERVED}
+            tl.emit("fault", "fault_injected", t=entry["t"], fault_id=fault_id, kind=kind, target=target, **extra)
+            return handle
+
+    def collect_evidence(self, handle: FaultHandle, timeout_s: float) -> Evidence:
+        """Ask the fault for proof that it acted (waits up to ``timeout_s``), record it in the
+        ledger and emit ``fault_evidence`` (``acted``, ``evidence``: {acted, observations, detail}).
+
+        A :class:`FaultError` raised by the family becomes ``Evidence(acted=False)`` with the
+        error as detail. Other exceptions are bugs and propagate.
+        """
+        try:
+            ev = handle.fault.evidence(self.ctx, timeout_s)
+        except FaultError as exc:
+            ev = Evidence(False, {"error": exc.one_line()}, f"no evidence: {exc.one_line()}")
+        with self._lock:
+            handle.evidence = ev
+            self.ctx.ledger.evidence(handle.fault_id, ev)
+            self.ctx.timeline.emit("fault", "fault_evidence", fault_id=handle.fault_id, acted=ev.acted,
+                                   evidence=asdict(ev))
+        log.info("evidence for %s: %s", handle.fault_id, ev.detail)
+        return ev
+
+    def clear(self, handle: FaultHandle) -> None:
+        """Revert the fault (idempotent), record ``cleared`` in the ledger, emit ``fault_cleared``.
+
+        Raises:
+            Exception: whatever the family's ``clear`` raised; the ledger then records
+                ``failed`` and the fault stays open.
+        """
+        with self._lock:
+            if handle.cleared_at is not None:
+                return
+            try:
+                handle.fault.clear(self.ctx)
+            except BaseException as exc:
+                self.ctx.ledger.failed(handle.fault_id, f"clear failed: {_describe(exc)}")
+                raise
+            entry = self.ctx.ledger.cleared(handle.fault_id)
+            handle.cleared_at = entry["t"]
+            if handle.injected_at is not None:  # a failed injection was never announced
+                self.ctx.timeline.emit("fault", "fault_cleared", t=entry["t"], fault_id=handle.fault_id)
+
+    def clear_all(self) -> list[dict[str, str]]:
+        """Clear every fault still active, newest first. An error clearing one is logged and
+        the others are still cleared.
+
+        Returns:
+            ``[{"fault_id", "error"}]`` for the faults that could not be cleared (empty if all were).
+        """
+        failures = []
+        with self._lock:
+            for handle in reversed(list(self.handles)):
+                if not handle.active:
+                    continue
+                try:
+                    self.clear(handle)
+                except Exception as exc:  # noqa: BLE001 - one failure must not leave others active
+                    log.error("could not clear fault %s (%s): %s", handle.fault_id, handle.target, _describe(exc))
+                    failures.append({"fault_id": handle.fault_id, "error": _describe(exc)})
+        return failures
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Plain-data list of the injections, in order::
+
+            [{"fault_id", "kind", "target", "injected_at", "cleared_at", "acted", "evidence"}]
+
+        ``acted`` is None and ``evidence`` None until evidence was collected; ``injected_at``
+        is None for an injection that failed.
+        """
+        with self._lock:
+            return [
+                {
+                    "fault_id": h.fault_id, "kind": h.kind, "target": h.target,
+                    "injected_at": h.injected_at, "cleared_at": h.cleared_at,
+                    "acted": h.evidence.acted if h.evidence else None,
+                    "evidence": asdict(h.evidence) if h.evidence else None,
+                }
+                for h in self.handles
+            ]
+
+    def _clear_quietly(self, handle: FaultHandle) -> None:
+        try:
+            self.clear(handle)
+        except Exception as exc:  # noqa: BLE001
+            log.error("rolling back failed fault %s also failed: %s", handle.fault_id, _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SpecchaosError):
+        return exc.one_line()
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
