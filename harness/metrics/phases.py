@@ -1,0 +1,154 @@
+"""Phases of a run and the metrics of each.
+
+A run's load window is split by the runner into consecutive phases
+``baseline → fault → recovery → after``, recorded as ``phase_start`` events (field
+``phase``) on the timeline and closed by ``load_stopped``. Each phase ends where the next
+one starts; a phase that never started is absent.
+
+Metric definitions follow vLLM's serving benchmark (see :mod:`harness.metrics.latency`).
+Latency statistics use only *complete* requests
+(:func:`harness.checks.integrity.is_complete`); a cut stream is an error, never a
+success, whatever the client's ``ok`` says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from harness.checks.integrity import is_complete
+from harness.experiment.config import SloConfig
+from harness.load.records import RequestRecord
+from harness.metrics.latency import e2e_s, itl_chunk_s, itl_token_s, percentiles, tpot_s, ttft_s
+
+__all__ = ["PHASES", "phase_windows", "records_in", "is_good", "phase_metrics"]
+
+PHASES = ("baseline", "fault", "recovery", "after")
+
+
+def phase_windows(events: Iterable[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Time window of every phase that started, from timeline events.
+
+    Args:
+        events: timeline events (any order); uses ``runner``/``phase_start`` (field
+            ``phase``) and the last ``runner``/``load_stopped``.
+
+    Returns:
+        ``{phase: (start, end)}`` in epoch seconds, ``start`` inclusive, ``end`` exclusive,
+        in phase order. Each phase ends where the next started one begins; the last one
+        at ``load_stopped`` (or, if the load never stopped — an interrupted run — at the
+        last event on the timeline). A phase started twice keeps its first start; phase
+        starts after ``load_stopped`` and unknown phase names are ignored.
+    """
+    evs = sorted(events, key=lambda e: e["t"])
+    stops = [e["t"] for e in evs if e.get("source", "runner") == "runner" and e.get("event") == "load_stopped"]
+    stop = stops[-1] if stops else (evs[-1]["t"] if evs else None)
+    starts: dict[str, float] = {}
+    for e in evs:
+        if e.get("event") != "phase_start" or e.get("source", "runner") != "runner":
+            continue
+        ph = e.get("phase")
+        if ph in PHASES and ph not in starts and (stop is None or e["t"] <= stop):
+            starts[ph] = e["t"]
+    ordered = sorted(starts.items(), key=lambda kv: (kv[1], PHASES.index(kv[0])))
+    out: dict[str, tuple[float, float]] = {}
+    for i, (ph, t0) in enumerate(ordered):
+        t1 = ordered[i + 1][1] if i + 1 < len(ordered) else stop
+        out[ph] = (float(t0), float(t1 if t1 is not None else t0))
+    return out
+
+
+def records_in(records: Iterable[RequestRecord], start: float, end: float) -> list[RequestRecord]:
+    """Records sent inside ``[start, end)`` (epoch seconds, by ``send_time``)."""
+    return [r for r in records if start <= r.send_time < end]
+
+
+def is_good(r: RequestRecord, slo: SloConfig) -> bool:
+    """Whether a complete request met every per-request SLO, as vLLM's ``--goodput``:
+    TTFT ≤ ``slo.ttft_p95_s``, TPOT ≤ ``slo.tpot_p95_s`` and E2E ≤ ``slo.e2e_p95_s``.
+
+    As in vLLM, a request with ≤ 1 output token has TPOT 0 for this test; one that carried
+    no output chunk at all has its TTFT taken as its E2E. Not-complete requests are never good.
+    """
+    if not is_complete(r)[0]:
+        return False
+    e = e2e_s(r)
+    if e is None:
+        return False
+    t = ttft_s(r)
+    t = e if t is None else t
+    p = tpot_s(r) or 0.0
+    return t <= slo.ttft_p95_s and p <= slo.tpot_p95_s and e <= slo.e2e_p95_s
+
+
+def _rate(n: float, duration: float) -> float | None:
+    return n / duration if duration > 0 else None
+
+
+def phase_metrics(
+    records: Iterable[RequestRecord], start: float, end: float, slo: SloConfig | None = None
+) -> dict[str, Any]:
+    """Metrics of one phase window ``[start, end)`` (epoch seconds).
+
+    Args:
+        records: every load record of the run (the window is applied here).
+        start, end: the phase window (see :func:`phase_windows`).
+        slo: per-request SLOs for goodput; ``None`` leaves ``goodput_rps`` as None.
+
+    Returns:
+        A dict (seconds unless named otherwise)::
+
+            start, end, duration_s
+            requests          requests sent in the window
+            complete          of those, complete (is_complete)
+            errors            requests sent in the window that are not complete
+            error_rate        errors / requests (None without requests)
+            ttft_s, tpot_s, e2e_s, itl_s (per token), itl_chunk_s (per chunk):
+                              {"p50","p95","p99"} over complete requests sent in the window
+            output_tokens     tokens of complete requests whose chunk ARRIVED in the window
+                              (any send time: send_time + chunk_offsets_s)
+            output_tokens_per_s   output_tokens / duration
+            request_throughput_rps  complete requests / duration (vLLM's request throughput)
+            goodput_rps       complete requests meeting every per-request SLO / duration
+                              (vLLM's request goodput); None without ``slo``
+            mean_tokens_per_chunk   output tokens / output chunks over complete requests
+                              sent in the window (> 1 means speculative bundling)
+
+        Rates are None for an empty window (``end ≤ start``).
+    """
+    records = list(records)
+    duration = float(end - start)
+    sent = records_in(records, start, end)
+    complete = [r for r in sent if is_complete(r)[0]]
+    errors = len(sent) - len(complete)
+
+    tokens = 0
+    for r in records:
+        if not is_complete(r)[0]:
+            continue
+        for off, k in zip(r.chunk_offsets_s, r.chunk_tokens):
+            if start <= r.send_time + off < end:
+                tokens += k
+
+    chunks = sum(len(r.chunk_tokens) for r in complete)
+    ctoks = sum(sum(r.chunk_tokens) for r in complete)
+    good = sum(1 for r in complete if is_good(r, slo)) if slo is not None else None
+
+    return {
+        "start": float(start),
+        "end": float(end),
+        "duration_s": duration,
+        "requests": len(sent),
+        "complete": len(complete),
+        "errors": errors,
+        "error_rate": errors / len(sent) if sent else None,
+        "ttft_s": percentiles(ttft_s(r) for r in complete),
+        "tpot_s": percentiles(tpot_s(r) for r in complete),
+        "itl_s": percentiles(v for r in complete for v in itl_token_s(r)),
+        "itl_chunk_s": percentiles(v for r in complete for v in itl_chunk_s(r)),
+        "e2e_s": percentiles(e2e_s(r) for r in complete),
+        "output_tokens": tokens,
+        "output_tokens_per_s": _rate(tokens, duration),
+        "request_throughput_rps": _rate(len(complete), duration),
+        "goodput_rps": None if good is None else _rate(good, duration),
+        "mean_tokens_per_chunk": ctoks / chunks if chunks else None,
+    }
