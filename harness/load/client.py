@@ -1,0 +1,423 @@
+"""The one streaming client: locust users, the reference fetch and liveness probes all use it.
+
+One request is a greedy streaming ``POST /v1/completions`` (OpenAI completions API as
+served by vLLM) whose whole exchange becomes one :class:`~harness.load.records.RequestRecord`.
+Server and network faults never raise: they become ``record.error`` (classes documented
+in :mod:`harness.load.records`). SSE is parsed with ``httpx-sse``.
+
+Timing: ``send_time`` is epoch seconds (:func:`harness.clock.now`) taken just before the
+request is sent; every offset is :func:`time.perf_counter` seconds after that instant.
+An output chunk is an SSE event whose first choice carries output tokens: its token
+count is ``len(choice["token_ids"])`` (``return_token_ids``), or 1 for a non-empty
+``text`` when the server sent no ``token_ids``.
+
+Traffic goes to loopback only (127.0.0.0/8, ::1, ``localhost``): any other host is
+refused with :class:`~harness.errors.LoadError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Any, Callable, Sequence
+
+import httpx
+from httpx_sse import EventSource, SSEError
+
+from harness import clock
+from harness.errors import LoadError
+from harness.load.prompts import Prompt
+from harness.load.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS_PATH = "/v1/completions"
+_DETAIL_CHARS = 300
+
+
+def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False) -> dict[str, Any]:
+    """The JSON body of a greedy streaming completion for ``prompt``.
+
+    ``temperature`` 0 (greedy, so outputs are comparable with a reference),
+    ``stream_options.include_usage`` (final usage chunk: ``completion_tokens`` as in vLLM's
+    serving benchmark) and ``return_token_ids`` (vLLM extension: per-chunk ``token_ids``).
+    """
+    return {
+        "model": model,
+        "prompt": prompt.text,
+        "max_tokens": prompt.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "ignore_eos": ignore_eos,
+    }
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
+    """Parse ``base_url`` and refuse anything but http(s) to a loopback host.
+
+    Raises:
+        LoadError: not a URL, not http(s), or a non-loopback host.
+    """
+    try:
+        url = httpx.URL(base_url)
+    except Exception:
+        raise LoadError(f"not a URL: {base_url!r}", where=where) from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise LoadError(f"not an http(s) URL: {base_url!r}", where=where)
+    if not is_loopback_host(url.host):
+        raise LoadError(f"refusing non-loopback host {url.host!r}", where=where,
+                        hint="specchaos sends load to 127.0.0.0/8, ::1 or localhost only")
+    return url
+
+
+def make_client(max_connections: int = 64) -> httpx.Client:
+    """An ``httpx.Client`` for :func:`stream_completion`: ignores proxy environment
+    variables (loopback traffic must not be routed through a proxy)."""
+    return httpx.Client(trust_env=False, limits=httpx.Limits(max_connections=max_connections))
+
+
+class _Deadline:
+    """Bounds a whole exchange: at the deadline, shuts the connection's socket down, which
+    wakes a read blocked on it (works for threads and gevent greenlets alike)."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.fired = False
+        self._lock = threading.Lock()
+        self._done = False
+        self._sock: socket.socket | None = None
+        self._timer: threading.Timer | None = None
+
+    def remaining(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def arm(self, network_stream: Any) -> None:
+        """Watch the socket of ``network_stream`` (an httpcore network stream)."""
+        try:
+            sock = network_stream.get_extra_info("socket")
+        except Exception:
+            sock = None
+        if sock is None:
+            return
+        with self._lock:
+            if self._done or self._sock is not None:
+                return
+            self._sock = sock
+            self._timer = threading.Timer(max(0.0, self.remaining()), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpcore ``trace`` extension: arm as soon as a new connection exists."""
+        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
+            self.arm(info["return_value"])
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done or self._sock is None:
+                return
+            self.fired = True
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cancel(self) -> None:
+        """After this returns the socket is never touched again."""
+        with self._lock:
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+def _detail(text: Any) -> str:
+    return str(text)[:_DETAIL_CHARS]
+
+
+def _classify(exc: BaseException) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "connect"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+        return "stream_cut"
+    if isinstance(exc, (httpx.DecodingError, SSEError)):
+        return "bad_payload"
+    return f"other:{type(exc).__name__}"
+
+
+def _error_message(payload: dict) -> str | None:
+    """The error text of an in-stream error event, or None if ``payload`` is not one.
+    vLLM sends ``{"error": {"message", "type", "code", ...}}`` (older: ``{"object": "error", ...}``)."""
+    err = payload.get("error")
+    if err is not None:
+        return _detail(err.get("message", err) if isinstance(err, dict) else err)
+    if payload.get("object") == "error":
+        return _detail(payload.get("message", payload))
+    return None
+
+
+def stream_completion(
+    client: httpx.Client,
+    base_url: str,
+    model: str,
+    prompt: Prompt,
+    *,
+    timeout_s: float,
+    source: str = "load",
+    user_id: int = -1,
+    ignore_eos: bool = False,
+    on_interrupt: Callable[[RequestRecord], None] | None = None,
+) -> RequestRecord:
+    """Send one streaming completion and record the whole exchange.
+
+    Args:
+        client: an ``httpx.Client`` (see :func:`make_client`); thread-safe, may be shared.
+        base_url: server root, e.g. ``"http://127.0.0.1:8000"``; loopback only.
+        model: served model name.
+        prompt: what to send (text, max_tokens; its id and class go into the record).
+        timeout_s: bound on the whole exchange (connect to last byte), not per read. A
+            watchdog shuts the socket down at the deadline; the record's error is then
+            ``"timeout"``.
+        source: ``"load"``, ``"reference"`` or ``"probe"``.
+        user_id: locust user index, -1 otherwise.
+        ignore_eos: ask the server to ignore EOS (always ``max_tokens`` outputs).
+        on_interrupt: called with the partial record (``error="other:<Name>"``) when a
+            non-``Exception`` interrupts the request (gevent's ``GreenletExit`` when locust
+            stops a user, ``KeyboardInterrupt``); the interrupt is then re-raised.
+
+    Returns:
+        The record (see :class:`~harness.load.records.RequestRecord` for every field).
+        ``ok`` is True only for HTTP 200, no error, ``[DONE]`` seen and a finish_reason.
+
+    Raises:
+        LoadError: ``base_url`` is not a loopback http(s) URL. Nothing else for server or
+            network faults.
+    """
+    check_loopback_url(base_url)
+    url = base_url.rstrip("/") + COMPLETIONS_PATH
+    rec = RequestRecord(
+        request_id=uuid.uuid4().hex,
+        source=source,
+        user_id=user_id,
+        prompt_id=prompt.prompt_id,
+        prompt_class=prompt.prompt_class,
+        max_tokens=prompt.max_tokens,
+    )
+    body = completion_body(prompt, model, ignore_eos)
+    rec.send_time = clock.now()
+    t0 = time.perf_counter()
+    guard = _Deadline(t0 + timeout_s)
+
+    def since() -> float:
+        return time.perf_counter() - t0
+
+    def fail(error: str, detail: Any) -> None:
+        if rec.error is None:
+            rec.error = error
+            rec.error_detail = _detail(detail)
+            if rec.e2e_s is None:
+                rec.e2e_s = since()
+
+    try:
+        with client.stream(
+            "POST", url, json=body,
+            headers={"Accept": "text/event-stream"},
+            timeout=httpx.Timeout(timeout_s),
+            extensions={"trace": guard.trace},
+        ) as response:
+            try:
+                guard.arm(response.extensions.get("network_stream"))
+                rec.status = response.status_code
+                if response.status_code != 200:
+                    try:
+                        response.read()
+                        text = response.text
+                    except Exception as exc:  # the body is only detail
+                        text = f"(body unreadable: {type(exc).__name__})"
+                    fail(f"http_{response.status_code}", text)
+                else:
+                    _read_stream(response, rec, since, fail, guard)
+            finally:
+                guard.cancel()
+    except Exception as exc:
+        if guard.fired:
+            fail("timeout", f"no end of exchange within {timeout_s:g} s ({type(exc).__name__})")
+        else:
+            fail(_classify(exc), f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:
+        guard.cancel()
+        fail(f"other:{type(exc).__name__}", "request interrupted by the client side (e.g. load shutdown)")
+        rec.ok = False
+        if on_interrupt is not None:
+            on_interrupt(rec)
+        raise
+    if guard.fired and rec.error is None:
+        fail("timeout", f"no end of exchange within {timeout_s:g} s")
+    if rec.e2e_s is None:
+        rec.e2e_s = since()
+    rec.ok = rec.status == 200 and rec.error is None and rec.done and rec.finish_reason is not None
+    return rec
+
+
+def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[], float],
+                 fail: Callable[[str, Any], None], guard: _Deadline) -> None:
+    """Consume the SSE stream of a 200 response into ``rec`` (see :func:`stream_completion`).
+    Exceptions from the transport propagate; what arrived before them stays in ``rec``."""
+    texts: list[str] = []
+    try:
+        for event in EventSource(response).iter_sse():
+            t = since()
+            data = event.data.strip()
+            if data == "[DONE]":
+                rec.done = True
+                if rec.error is None:
+                    rec.e2e_s = t
+                break
+            if guard.remaining() <= 0:
+                fail("timeout", "no end of exchange within the request timeout")
+                break
+            if not data:
+                continue
+            try:
+                payload = json.loads(data)
+                if not isinstance(payload, dict):
+                    raise ValueError("chunk is not a JSON object")
+            except ValueError as exc:
+                fail("bad_payload", f"{exc}: {data[:200]}")
+                break
+            message = _error_message(payload)
+            if message is not None:
+                fail("stream_error", message)
+                continue  # vLLM follows an error event with [DONE]; keep reading for it
+            if rec.error is not None:
+                continue
+            try:
+                _take_chunk(payload, t, rec, texts)
+            except (AttributeError, TypeError, ValueError) as exc:
+                fail("bad_payload", f"{type(exc).__name__}: {exc}: {data[:200]}")
+                break
+    finally:
+        rec.text = "".join(texts)
+    if rec.error is None:
+        if guard.fired:
+            fail("timeout", "no end of exchange within the request timeout")
+        elif not rec.done:
+            fail("stream_cut", "connection closed before data: [DONE]")
+        elif rec.finish_reason is None:
+            fail("bad_payload", "stream ended with [DONE] but no finish_reason")
+
+
+def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str]) -> None:
+    """Fold one completion chunk (``choices[0]`` and ``usage``) arriving at offset ``t`` into ``rec``."""
+    usage = payload.get("usage")
+    if isinstance(usage, dict):
+        if usage.get("completion_tokens") is not None:
+            rec.output_tokens = int(usage["completion_tokens"])
+        if usage.get("prompt_tokens") is not None:
+            rec.prompt_tokens = int(usage["prompt_tokens"])
+    choices = payload.get("choices") or []
+    if not isinstance(choices, list):
+        raise ValueError("choices is not a list")
+    for choice in choices:
+        if int(choice.get("index", 0)) != 0:
+            continue
+        text = choice.get("text") or ""
+        if not isinstance(text, str):
+            raise ValueError("text is not a string")
+        ids = choice.get("token_ids")
+        if ids is not None:
+            ids = [int(i) for i in ids]
+            if rec.token_ids is None:
+                rec.token_ids = []
+            rec.token_ids.extend(ids)
+            n = len(ids)
+        else:
+            n = 1 if text else 0
+        texts.append(text)
+        if n:
+            rec.chunk_offsets_s.append(t)
+            rec.chunk_tokens.append(n)
+            if rec.ttft_s is None:
+                rec.ttft_s = t
+        if choice.get("finish_reason") is not None:
+            rec.finish_reason = str(choice["finish_reason"])
+
+
+def fetch_reference(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Prompt],
+    *,
+    timeout_s: float,
+    concurrency: int = 4,
+    ignore_eos: bool = False,
+    retries: int = 3,
+    retry_backoff_s: float = 0.5,
+) -> dict[int, RequestRecord]:
+    """Fetch one complete greedy output per prompt (``source="reference"``).
+
+    A prompt whose record is not ``ok`` is retried up to ``retries`` times (sleeping
+    ``retry_backoff_s`` x attempt in between). At most ``concurrency`` requests in flight.
+
+    Returns:
+        ``{prompt_id: ok record}`` for every prompt.
+
+    Raises:
+        LoadError: ``base_url`` is not loopback, or a prompt has no ok record after all
+            attempts (names the prompt and its last error).
+    """
+    check_loopback_url(base_url)
+
+    def one(client: httpx.Client, prompt: Prompt) -> RequestRecord:
+        rec: RequestRecord | None = None
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(retry_backoff_s * attempt)
+            rec = stream_completion(client, base_url, model, prompt, timeout_s=timeout_s,
+                                    source="reference", ignore_eos=ignore_eos)
+            if rec.ok:
+                return rec
+            log.warning("reference prompt %d attempt %d failed: %s (%s)", prompt.prompt_id,
+                        attempt + 1, rec.error, rec.error_detail)
+        assert rec is not None
+        raise LoadError(
+            f"no reference output for prompt {prompt.prompt_id} after {retries + 1} attempts: "
+            f"{rec.error} ({rec.error_detail})",
+            where=f"{base_url}{COMPLETIONS_PATH}",
+            hint="check the reference server log",
+        )
+
+    out: dict[int, RequestRecord] = {}
+    with make_client(max_connections=max(1, concurrency)) as client, \
+            ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="reference") as pool:
+        futures = {pool.submit(one, client, p): p for p in prompts}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        for f in done:
+            if f.exception() is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise f.exception()  # type: ignore[misc]
+            rec = f.result()
+            out[rec.prompt_id] = rec
+    return dict(sorted(out.items()))
