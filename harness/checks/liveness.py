@@ -1,0 +1,89 @@
+"""Fail fast: requests caught in flight by a fault must end, and end in error quickly.
+
+A server that loses its engine must not leave clients hanging: every request in flight
+at the fault (sent before it, not ended before it) must end — complete, or with an error
+within ``ff.max_error_latency_s`` of the fault. A request that never ended is hung.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from harness.checks.base import CheckResult
+from harness.checks.integrity import is_complete
+from harness.experiment.config import FailFastConfig
+from harness.load.records import RequestRecord
+
+__all__ = ["in_flight", "fail_fast_checks"]
+
+
+def in_flight(records: Iterable[RequestRecord], t: float) -> list[RequestRecord]:
+    """Records in flight at epoch second ``t``: sent before ``t`` and not ended before ``t``
+    (never ended included)."""
+    return [r for r in records if r.send_time < t and (r.end_time is None or r.end_time >= t)]
+
+
+def fail_fast_checks(records: Iterable[RequestRecord], fault_time: float, ff: FailFastConfig) -> list[CheckResult]:
+    """Judge how requests in flight at ``fault_time`` ended.
+
+    Returns two checks (category ``"fail_fast"``):
+
+    * ``fail_fast.hung`` — in-flight requests that never ended; observed = their count,
+      limit 0;
+    * ``fail_fast.error_latency_s`` — observed = the worst ``end − fault_time`` (seconds)
+      among in-flight requests that ended in error (not complete), limit
+      ``ff.max_error_latency_s``; passes with observed None when every in-flight request
+      ended complete.
+
+    With no request in flight at the fault both fail: there is nothing to judge.
+    """
+    flying = in_flight(records, fault_time)
+    limit = ff.max_error_latency_s
+    if not flying:
+        why = "no request was in flight at the fault: nothing to judge (raise load or inject later)"
+        return [
+            CheckResult("fail_fast.hung", "fail_fast", False, None, 0, why),
+            CheckResult("fail_fast.error_latency_s", "fail_fast", False, None, limit, why),
+        ]
+    hung = [r for r in flying if r.end_time is None]
+    errored = [r for r in flying if r.end_time is not None and not is_complete(r)[0]]
+    n = len(flying)
+    out = [
+        CheckResult(
+            "fail_fast.hung",
+            "fail_fast",
+            not hung,
+            len(hung),
+            0,
+            f"{len(hung)} of {n} in-flight requests never ended"
+            + (f" (first: {hung[0].request_id})" if hung else ""),
+        )
+    ]
+    if errored:
+        worst = max(errored, key=lambda r: r.end_time)
+        lat = worst.end_time - fault_time
+        ok = lat <= limit
+        out.append(
+            CheckResult(
+                "fail_fast.error_latency_s",
+                "fail_fast",
+                ok,
+                lat,
+                limit,
+                f"{len(errored)} of {n} in-flight requests ended in error; slowest {worst.request_id} "
+                f"({worst.error or 'incomplete'}) after {lat:.3g} s ({'≤' if ok else '>'} {limit:g} s)",
+            )
+        )
+    else:
+        out.append(
+            CheckResult(
+                "fail_fast.error_latency_s",
+                "fail_fast",
+                not hung,
+                None,
+                limit,
+                f"none of the {n} in-flight requests ended in error"
+                + (f"; {len(hung)} never ended" if hung else "; all completed"),
+            )
+        )
+    return out

@@ -1,0 +1,161 @@
+"""Time to recover after a fault, from recorded data.
+
+Three criteria, each measured in seconds from ``fault_time`` (the fault's injection, or
+a process death), each ``None`` if never reached:
+
+* **time_to_healthy_s** — the server's ``/health`` answers 200 again: the first ``health``
+  sample with status 200 after the server was seen down (a non-200 or unanswered health
+  sample, or a ``server_exited`` event) after the fault. A server never seen down counts
+  healthy at its first 200 after the fault. Health alone can lie (a frozen engine keeps
+  answering 200), hence the two criteria below judged by real generation.
+* **time_to_first_success_s** — the earliest end of a *complete* load request sent after
+  the fault.
+* **time_to_slo_s** — the end of the first rolling window of ``rc.slo_window_s`` after the
+  fault (stepping by request completion) with ≥ 3 requests, no errors, and p95 TTFT and
+  p95 E2E within ``baseline p95 × rc.slo_tolerance``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from harness.checks.base import CheckResult
+from harness.checks.integrity import is_complete
+from harness.experiment.config import RecoveryConfig
+from harness.load.records import RequestRecord
+from harness.metrics.latency import e2e_s, percentiles, ttft_s
+
+__all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks"]
+
+MIN_WINDOW_REQUESTS = 3
+_CRITERIA = ("time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s")
+
+
+def time_to_healthy(events: Iterable[dict[str, Any]], fault_time: float, server: str = "spec") -> float | None:
+    """Epoch seconds of the first ``health`` 200 of ``server`` after it was seen down after
+    ``fault_time`` (or its first 200 after ``fault_time`` if never seen down); None if never.
+
+    Down = a ``health`` event with ``status`` other than 200 (None included), or a
+    ``server_exited`` event of that server.
+    """
+    down_since: float | None = None
+    first_ok: float | None = None
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["t"] <= fault_time or e.get("server") != server:
+            continue
+        ev = e.get("event")
+        if ev == "server_exited" or (ev == "health" and e.get("status") != 200):
+            if down_since is None:
+                down_since = e["t"]
+        elif ev == "health" and e.get("status") == 200:
+            if down_since is not None:
+                return float(e["t"])
+            if first_ok is None:
+                first_ok = float(e["t"])
+    return None if down_since is not None else first_ok
+
+
+def _window_ok(window: list[RequestRecord], baseline: dict, rc: RecoveryConfig) -> bool:
+    if len(window) < MIN_WINDOW_REQUESTS:
+        return False
+    if not all(is_complete(r)[0] for r in window):
+        return False
+    b_ttft = (baseline.get("ttft_s") or {}).get("p95")
+    b_e2e = (baseline.get("e2e_s") or {}).get("p95")
+    if b_ttft is None or b_e2e is None:
+        return False
+    w_ttft = percentiles((ttft_s(r) for r in window), (95,))["p95"]
+    w_e2e = percentiles((e2e_s(r) for r in window), (95,))["p95"]
+    if w_e2e is None or w_e2e > b_e2e * rc.slo_tolerance:
+        return False
+    # A window where no request carried output has no TTFT to hold; E2E still judged.
+    return w_ttft is None or w_ttft <= b_ttft * rc.slo_tolerance
+
+
+def first_slo_window_end(
+    records: Iterable[RequestRecord], since: float, baseline: dict, rc: RecoveryConfig
+) -> float | None:
+    """End (epoch seconds) of the first rolling window back within the baseline SLO.
+
+    Windows are ``[end − rc.slo_window_s, end]``, one per request completion ``end`` with
+    ``end − rc.slo_window_s ≥ since``; a window holds the requests that *ended* inside it.
+    It qualifies with ≥ 3 requests, none of them an error (not complete), p95 TTFT ≤
+    baseline p95 TTFT × ``rc.slo_tolerance`` and p95 E2E ≤ baseline p95 E2E ×
+    ``rc.slo_tolerance``. Used live by the runner and after the fact by the judge.
+
+    Args:
+        records: load records (any order; unfinished ones are ignored).
+        since: epoch seconds the windows must start at or after (the fault time).
+        baseline: the baseline phase's metrics (``ttft_s``/``e2e_s`` percentile dicts).
+        rc: recovery limits.
+
+    Returns:
+        The window end, or None if no window qualifies (or the baseline has no data).
+    """
+    w = rc.slo_window_s
+    ended = sorted((r for r in records if r.end_time is not None), key=lambda r: r.end_time)
+    lo = 0
+    for hi, r in enumerate(ended):
+        end = r.end_time
+        if end - w < since:
+            continue
+        while ended[lo].end_time < end - w:
+            lo += 1
+        # include every request ending at exactly `end` (ties)
+        j = hi + 1
+        while j < len(ended) and ended[j].end_time == end:
+            j += 1
+        if _window_ok(ended[lo:j], baseline, rc):
+            return float(end)
+    return None
+
+
+def recovery_times(
+    records: Iterable[RequestRecord],
+    events: Iterable[dict[str, Any]],
+    fault_time: float,
+    baseline: dict,
+    rc: RecoveryConfig,
+    server: str = "spec",
+) -> dict[str, float | None]:
+    """Time to recover by each criterion (see module doc), seconds after ``fault_time``.
+
+    Args:
+        records: load records.
+        events: timeline events (``health`` samples, ``stack`` events).
+        fault_time: epoch seconds of the fault (its injection or the process death).
+        baseline: the baseline phase metrics (for the SLO window).
+        rc: recovery limits.
+        server: which server's health to follow (``"spec"``).
+
+    Returns:
+        ``{"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s"}``, each
+        seconds or None if never reached.
+    """
+    records = list(records)
+    healthy = time_to_healthy(events, fault_time, server)
+    ends = [r.end_time for r in records if r.send_time > fault_time and r.end_time is not None and is_complete(r)[0]]
+    first_ok = min(ends) if ends else None
+    slo_end = first_slo_window_end(records, fault_time, baseline, rc)
+    return {
+        "time_to_healthy_s": None if healthy is None else healthy - fault_time,
+        "time_to_first_success_s": None if first_ok is None else first_ok - fault_time,
+        "time_to_slo_s": None if slo_end is None else slo_end - fault_time,
+    }
+
+
+def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig) -> list[CheckResult]:
+    """One check per criterion: ``recovery.<criterion> ≤`` its limit in ``rc``; a None time
+    fails ("never recovered")."""
+    out = []
+    for key in _CRITERIA:
+        t = times.get(key)
+        limit = getattr(rc, key)
+        name = f"recovery.{key}"
+        what = key.removeprefix("time_to_").removesuffix("_s").replace("_", " ")
+        if t is None:
+            out.append(CheckResult(name, "recovery", False, None, limit, f"never recovered ({what} not reached)"))
+        else:
+            ok = t <= limit
+            out.append(CheckResult(name, "recovery", ok, t, limit, f"{what} after {t:.3g} s ({'≤' if ok else '>'} {limit:g} s)"))
+    return out

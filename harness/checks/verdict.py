@@ -1,0 +1,29 @@
+"""The run's verdict from its checks and what went wrong around them."""
+
+from __future__ import annotations
+
+from typing import Iterable, Literal
+
+from harness.checks.base import CheckResult
+
+__all__ = ["Verdict", "verdict"]
+
+Verdict = Literal["pass", "fail", "error"]
+
+
+def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[str], interrupted: bool = False) -> Verdict:
+    """``"error"``, ``"fail"`` or ``"pass"``.
+
+    * ``"error"``: the experiment itself did not run as declared — any run error, an
+      interruption, or a fault without evidence that it acted (a fault that did not
+      happen proves nothing: it is an error, never a pass), or no check at all (nothing
+      was judged);
+    * ``"fail"``: it ran, and at least one check failed;
+    * ``"pass"``: it ran and every check passed.
+    """
+    checks = list(checks)
+    if errors or interrupted or not fault_acted or not checks:
+        return "error"
+    if any(not c.passed for c in checks):
+        return "fail"
+    return "pass"

@@ -1,0 +1,56 @@
+import pytest
+
+from harness.checks.liveness import fail_fast_checks, in_flight
+from harness.experiment.config import FailFastConfig
+from tests.factories import cut, fail, make_record
+
+FAULT = 1000.0
+FF = FailFastConfig(max_error_latency_s=5.0)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_in_flight_selection():
+    before = make_record(send_time=990.0)  # ended at ~990.25
+    flying = make_record(send_time=999.9, ttft=0.5)
+    hung = fail(send_time=999.0, after_s=None)
+    after = make_record(send_time=1001.0)
+    assert {r.request_id for r in in_flight([before, flying, hung, after], FAULT)} == {flying.request_id, hung.request_id}
+
+
+def test_in_flight_requests_failing_fast_pass():
+    recs = [fail(send_time=999.0, after_s=1.3), cut(make_record(send_time=999.5, ttft=0.2), 1, at_s=0.9),
+            make_record(send_time=999.8, ttft=0.5)]
+    c = by_name(fail_fast_checks(recs, FAULT, FF))
+    assert c["fail_fast.hung"].passed and c["fail_fast.hung"].observed == 0
+    lat = c["fail_fast.error_latency_s"]
+    assert lat.passed and lat.observed == pytest.approx(0.4) and lat.limit == 5.0
+
+
+def test_hung_in_flight_request_fails():
+    recs = [fail(send_time=999.0, after_s=None), make_record(send_time=999.8, ttft=0.5)]
+    c = by_name(fail_fast_checks(recs, FAULT, FF))
+    assert not c["fail_fast.hung"].passed and c["fail_fast.hung"].observed == 1
+    assert not c["fail_fast.error_latency_s"].passed
+
+
+def test_in_flight_error_too_late_fails():
+    recs = [fail(send_time=999.0, after_s=31.0, status=None, error="timeout"), fail(send_time=999.5, after_s=0.6)]
+    c = by_name(fail_fast_checks(recs, FAULT, FF))["fail_fast.error_latency_s"]
+    assert not c.passed
+    assert c.observed == pytest.approx(30.0)  # the worst one
+    assert "timeout" in c.detail
+
+
+def test_all_in_flight_completed_passes():
+    c = by_name(fail_fast_checks([make_record(send_time=999.9, ttft=30.0)], FAULT, FF))
+    assert c["fail_fast.hung"].passed
+    assert c["fail_fast.error_latency_s"].passed and c["fail_fast.error_latency_s"].observed is None
+
+
+def test_nothing_in_flight_fails_with_clear_detail():
+    checks = fail_fast_checks([make_record(send_time=990.0), make_record(send_time=1001.0)], FAULT, FF)
+    assert len(checks) == 2 and not any(c.passed for c in checks)
+    assert all("nothing to judge" in c.detail for c in checks)

@@ -1,0 +1,139 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.checks.recovery import first_slo_window_end, recovery_checks, recovery_times, time_to_healthy
+from harness.experiment.config import RecoveryConfig
+from tests.factories import ev, fail, make_record
+
+FAULT = 1000.0
+BASE = {"ttft_s": {"p50": 0.1, "p95": 0.2, "p99": 0.3}, "e2e_s": {"p50": 0.5, "p95": 1.0, "p99": 1.2}}
+RC = RecoveryConfig(time_to_healthy_s=30, time_to_first_success_s=40, time_to_slo_s=60,
+                    slo_window_s=5.0, slo_tolerance=2.0)
+
+
+def health(t, status, server="spec"):
+    return ev(t, "health", source="health", server=server, status=status)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+# --------------------------------------------------------------- healthy
+
+def test_healthy_after_down_samples():
+    evs = [health(999, 200), health(1000.5, 200), health(1001, 503), health(1002, None),
+           health(1003, None), health(1010, 200), health(1011, 200)]
+    assert time_to_healthy(evs, FAULT) == 1010
+    # the 200 right after the fault, before it went down, does not count
+
+
+def test_healthy_after_server_exited():
+    evs = [health(1000.2, 200), ev(1000.3, "server_exited", source="stack", server="spec", returncode=-9),
+           health(1020, 200)]
+    assert time_to_healthy(evs, FAULT) == 1020
+
+
+def test_never_seen_down_is_healthy_at_first_200_after_fault():
+    evs = [health(999, 200), health(1000.25, 200), health(1000.5, 200)]
+    assert time_to_healthy(evs, FAULT) == 1000.25
+
+
+def test_other_server_ignored_and_never_back_is_none():
+    evs = [health(1001, None), health(1005, 200, server="ref"), health(1006, 503)]
+    assert time_to_healthy(evs, FAULT) is None
+    assert time_to_healthy([], FAULT) is None
+
+
+# --------------------------------------------------------------- SLO window
+
+def window_records(start, n=4, ttft=0.1, step=0.5):
+    return [make_record(send_time=start + i * step, ttft=ttft) for i in range(n)]
+
+
+def test_first_slo_window_end():
+    # records end at send + 0.1 + 3*0.05 + 0.001 = send + 0.251
+    slow = window_records(1001.0, ttft=5.0)  # TTFT far over 2x baseline
+    assert first_slo_window_end(slow, FAULT, BASE, RC) is None
+    overlapping = window_records(1010.0)  # every window also holds a slow one
+    assert first_slo_window_end(slow + overlapping, FAULT, BASE, RC) is None
+    good = window_records(1020.0)
+    end = first_slo_window_end(slow + overlapping + good, FAULT, BASE, RC)
+    assert end == pytest.approx(1020.0 + 0.251 + 0.5 * 2)  # third good request completes the window
+
+
+def test_window_must_start_after_since_and_needs_three_requests():
+    recs = window_records(999.0, n=2) + window_records(1003.0, n=2)
+    assert first_slo_window_end(recs, FAULT, BASE, RC) is None
+
+
+def test_window_with_an_error_does_not_count():
+    recs = window_records(1010.0, n=3) + [fail(send_time=1010.6, after_s=0.1)]
+    later = window_records(1020.0, n=3)
+    end = first_slo_window_end(recs + later, FAULT, BASE, RC)
+    assert end == pytest.approx(1020.0 + 0.251 + 1.0)
+
+
+def test_window_needs_baseline_data():
+    assert first_slo_window_end(window_records(1010.0), FAULT, {}, RC) is None
+    empty = {"ttft_s": {"p95": None}, "e2e_s": {"p95": None}}
+    assert first_slo_window_end(window_records(1010.0), FAULT, empty, RC) is None
+
+
+def test_window_e2e_over_tolerance_fails():
+    recs = [make_record(send_time=1010 + i * 0.1, tail_s=2.5) for i in range(5)]  # e2e ~2.75 > 2.0
+    assert first_slo_window_end(recs, FAULT, BASE, RC) is None
+
+
+@given(st.lists(st.floats(1000.0, 1100.0), min_size=0, max_size=30))
+def test_window_end_is_a_completion_at_least_one_window_after_since(sends):
+    recs = [make_record(send_time=s) for s in sends]
+    end = first_slo_window_end(recs, FAULT, BASE, RC)
+    if end is not None:
+        assert end - RC.slo_window_s >= FAULT
+        assert end in {r.end_time for r in recs}
+        assert sum(1 for r in recs if end - RC.slo_window_s <= r.end_time <= end) >= 3
+
+
+# --------------------------------------------------------------- recovery_times / checks
+
+def test_recovery_times_all_reached():
+    evs = [health(1001, None), health(1012, 200)]
+    recs = [fail(send_time=1001), make_record(send_time=999.9)] + window_records(1015.0)
+    t = recovery_times(recs, evs, FAULT, BASE, RC)
+    assert t["time_to_healthy_s"] == pytest.approx(12)
+    # the request sent before the fault does not count as a success after it
+    assert t["time_to_first_success_s"] == pytest.approx(15.251)
+    assert t["time_to_slo_s"] == pytest.approx(15.0 + 0.251 + 1.0)
+    checks = recovery_checks(t, RC)
+    assert [c.name for c in checks] == ["recovery.time_to_healthy_s", "recovery.time_to_first_success_s",
+                                        "recovery.time_to_slo_s"]
+    assert all(c.passed for c in checks)
+
+
+def test_cut_stream_is_not_a_first_success():
+    from tests.factories import cut
+
+    recs = [cut(make_record(send_time=1005), 2, labelled_ok=True)]
+    t = recovery_times(recs, [], FAULT, BASE, RC)
+    assert t["time_to_first_success_s"] is None
+
+
+def test_server_that_never_comes_back_fails_every_recovery_check():
+    evs = [health(1000.5, 503)] + [health(1001 + i, None) for i in range(100)]
+    recs = [fail(send_time=1001 + i, status=None, error="connect", after_s=0.01) for i in range(50)]
+    t = recovery_times(recs, evs, FAULT, BASE, RC)
+    assert t == {"time_to_healthy_s": None, "time_to_first_success_s": None, "time_to_slo_s": None}
+    checks = recovery_checks(t, RC)
+    assert not any(c.passed for c in checks)
+    assert all(c.observed is None and "never recovered" in c.detail for c in checks)
+
+
+def test_recovery_too_slow_fails_against_limits():
+    checks = by_name(recovery_checks({"time_to_healthy_s": 31.0, "time_to_first_success_s": 1.0,
+                                      "time_to_slo_s": 61.0}, RC))
+    assert not checks["recovery.time_to_healthy_s"].passed
+    assert checks["recovery.time_to_first_success_s"].passed
+    assert not checks["recovery.time_to_slo_s"].passed
+    assert checks["recovery.time_to_slo_s"].limit == 60

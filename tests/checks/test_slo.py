@@ -1,0 +1,125 @@
+import copy
+
+import pytest
+
+from harness.checks.slo import slo_checks
+from harness.experiment.config import DegradationConfig, SloConfig
+from harness.metrics.phases import PHASES
+
+
+def pct(p95):
+    return {"p50": None if p95 is None else p95 / 2, "p95": p95, "p99": None if p95 is None else p95 * 1.1}
+
+
+def phase(requests=10, errors=0, ttft=0.2, tpot=0.05, itl=0.04, e2e=1.0):
+    return {"requests": requests, "errors": errors, "error_rate": errors / requests if requests else None,
+            "ttft_s": pct(ttft), "tpot_s": pct(tpot), "itl_s": pct(itl), "e2e_s": pct(e2e)}
+
+
+def healthy():
+    return {"baseline": phase(), "fault": phase(errors=5), "recovery": phase(errors=1), "after": phase(ttft=0.25)}
+
+
+SLO = SloConfig(ttft_p95_s=0.5, tpot_p95_s=0.1, itl_p95_s=0.1, e2e_p95_s=2.0, error_rate=0.0)
+DEG = DegradationConfig(fault_max_error_rate=0.6, after_vs_baseline_max_ratio=1.5, min_requests_per_phase=3)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_healthy_run_passes_everything_with_expected_names():
+    checks = slo_checks(healthy(), SLO, DEG)
+    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    names = set(by_name(checks))
+    for ph in ("baseline", "after"):
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            assert f"slo.{ph}.{m}_p95_s" in names
+        assert f"slo.{ph}.error_rate" in names
+    assert "degradation.fault.error_rate" in names
+    for m in ("ttft", "tpot", "e2e"):
+        assert f"degradation.after_vs_baseline.{m}_p95_ratio" in names
+    for ph in PHASES:
+        assert f"coverage.{ph}.requests" in names
+    c = by_name(checks)["degradation.after_vs_baseline.ttft_p95_ratio"]
+    assert c.observed == pytest.approx(1.25) and c.limit == 1.5
+    assert by_name(checks)["coverage.recovery.requests"].category == "coverage"
+
+
+@pytest.mark.parametrize("ph", ["baseline", "after"])
+@pytest.mark.parametrize("metric,value", [("ttft", 0.6), ("tpot", 0.2), ("itl", 0.3), ("e2e", 2.5)])
+def test_breached_latency_slo_fails(ph, metric, value):
+    phases = healthy()
+    phases[ph] = phase(**{metric: value})
+    c = by_name(slo_checks(phases, SLO, DEG))[f"slo.{ph}.{metric}_p95_s"]
+    assert not c.passed
+    assert c.observed == pytest.approx(value)
+    assert c.limit == getattr(SLO, f"{metric}_p95_s")
+
+
+def test_error_rate_breaches():
+    phases = healthy()
+    phases["baseline"] = phase(errors=1)
+    phases["fault"] = phase(errors=7)
+    c = by_name(slo_checks(phases, SLO, DEG))
+    assert not c["slo.baseline.error_rate"].passed and c["slo.baseline.error_rate"].observed == pytest.approx(0.1)
+    assert not c["degradation.fault.error_rate"].passed and c["degradation.fault.error_rate"].limit == 0.6
+
+
+def test_after_much_slower_than_baseline_fails_ratio():
+    phases = healthy()
+    phases["after"] = phase(e2e=1.9)  # inside the absolute SLO, but 1.9x baseline
+    c = by_name(slo_checks(phases, SLO, DEG))
+    assert c["slo.after.e2e_p95_s"].passed
+    r = c["degradation.after_vs_baseline.e2e_p95_ratio"]
+    assert not r.passed and r.observed == pytest.approx(1.9)
+
+
+def test_phase_with_no_requests_fails_coverage_and_slo():
+    phases = healthy()
+    phases["after"] = phase(requests=0, ttft=None, tpot=None, itl=None, e2e=None)
+    c = by_name(slo_checks(phases, SLO, DEG))
+    assert not c["coverage.after.requests"].passed and c["coverage.after.requests"].observed == 0
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        assert not c[f"slo.after.{m}_p95_s"].passed and c[f"slo.after.{m}_p95_s"].observed is None
+    assert not c["slo.after.error_rate"].passed
+    assert not c["degradation.after_vs_baseline.e2e_p95_ratio"].passed
+
+
+def test_too_few_requests_fails_coverage():
+    phases = healthy()
+    phases["recovery"] = phase(requests=2)
+    c = by_name(slo_checks(phases, SLO, DEG))["coverage.recovery.requests"]
+    assert not c.passed and c.observed == 2 and c.limit == 3
+
+
+@pytest.mark.parametrize("missing", PHASES)
+def test_missing_phase_fails_never_passes_vacuously(missing):
+    phases = healthy()
+    del phases[missing]
+    checks = slo_checks(phases, SLO, DEG)
+    c = by_name(checks)
+    assert not c[f"coverage.{missing}.requests"].passed
+    assert c[f"coverage.{missing}.requests"].observed is None
+    assert "never ran" in c[f"coverage.{missing}.requests"].detail
+    if missing in ("baseline", "after"):
+        assert not c[f"slo.{missing}.ttft_p95_s"].passed
+        assert not c["degradation.after_vs_baseline.ttft_p95_ratio"].passed
+    if missing == "fault":
+        assert not c["degradation.fault.error_rate"].passed
+
+
+def test_no_phases_at_all_everything_fails():
+    checks = slo_checks({}, SLO, DEG)
+    assert checks and not any(c.passed for c in checks)
+
+
+def test_zero_baseline_ratio():
+    phases = healthy()
+    phases["baseline"] = phase(tpot=0.0)
+    phases["after"] = phase(tpot=0.0)
+    c = by_name(slo_checks(phases, SLO, DEG))["degradation.after_vs_baseline.tpot_p95_ratio"]
+    assert c.passed and c.observed == 1.0
+    phases["after"] = phase(tpot=0.01)
+    c = by_name(slo_checks(copy.deepcopy(phases), SLO, DEG))["degradation.after_vs_baseline.tpot_p95_ratio"]
+    assert not c.passed and c.observed is None

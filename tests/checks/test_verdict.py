@@ -1,0 +1,28 @@
+from harness.checks.base import CheckResult
+from harness.checks.verdict import verdict
+
+OK = CheckResult("a", "slo", True, 1, 2)
+BAD = CheckResult("b", "slo", False, 3, 2)
+
+
+def test_pass_when_all_checks_pass_and_fault_acted():
+    assert verdict([OK, OK], fault_acted=True, errors=[]) == "pass"
+
+
+def test_fail_when_a_check_fails():
+    assert verdict([OK, BAD], fault_acted=True, errors=[]) == "fail"
+
+
+def test_fault_without_evidence_is_error_never_pass():
+    assert verdict([OK], fault_acted=False, errors=[]) == "error"
+    assert verdict([BAD], fault_acted=False, errors=[]) == "error"
+
+
+def test_run_error_or_interruption_is_error():
+    assert verdict([OK], fault_acted=True, errors=["stack failed"]) == "error"
+    assert verdict([OK], fault_acted=True, errors=[], interrupted=True) == "error"
+
+
+def test_nothing_judged_is_error():
+    assert verdict([], fault_acted=True, errors=[]) == "error"
+    assert verdict(iter([OK]), fault_acted=True, errors=[]) == "pass"
