@@ -28,7 +28,11 @@ from harness.metrics.latency import e2e_s, percentiles, ttft_s
 __all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks"]
 
 MIN_WINDOW_REQUESTS = 3
-_CRITERIA = ("time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s")
+_CRITERIA = {
+    "time_to_healthy_s": "health 200",
+    "time_to_first_success_s": "first complete generation",
+    "time_to_slo_s": "rolling window within the baseline SLO",
+}
 
 
 def time_to_healthy(events: Iterable[dict[str, Any]], fault_time: float, server: str = "spec") -> float | None:
@@ -148,11 +152,10 @@ def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig) -> list[
     """One check per criterion: ``recovery.<criterion> ≤`` its limit in ``rc``; a None time
     fails ("never recovered")."""
     out = []
-    for key in _CRITERIA:
+    for key, what in _CRITERIA.items():
         t = times.get(key)
         limit = getattr(rc, key)
         name = f"recovery.{key}"
-        what = key.removeprefix("time_to_").removesuffix("_s").replace("_", " ")
         if t is None:
             out.append(CheckResult(name, "recovery", False, None, limit, f"never recovered ({what} not reached)"))
         else:

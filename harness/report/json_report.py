@@ -1,0 +1,118 @@
+"""The run report as plain JSON (``report.json``).
+
+The report is a plain dict anyone can read without this code; :func:`build_report`
+assembles it from what the judge computed, :func:`write_report` writes it atomically.
+Instants are epoch seconds, durations seconds. Schema (more fields may be present)::
+
+    {"experiment": str, "verdict": "pass"|"fail"|"error",
+     "stack": {"launcher": str, "vllm_version": str,
+               "speculative": {"method": str, "draft": str|null, "num_speculative_tokens": int}},
+     "faults": [{"fault_id": str, "kind": str, "target": str, "injected_at": float,
+                 "cleared_at": float|null, "acted": bool, "evidence": dict|null}],
+     "fault_time": float|null,
+     "phases": {phase: {"start", "end", "duration_s", "requests", "complete", "errors",
+                        "error_rate", "ttft_s", "tpot_s", "itl_s", "itl_chunk_s", "e2e_s"
+                        ({"p50","p95","p99"}), "output_tokens", "output_tokens_per_s",
+                        "request_throughput_rps", "goodput_rps", "mean_tokens_per_chunk"}},
+     "checks": [{"name", "category", "passed", "observed", "limit", "detail"}],
+     "requests": {"total", "ok", "failed", "client_ok"},
+     "integrity": {"compared", "mismatched", "malformed", "false_success",
+                   "first_divergence", "examples"},
+     "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",
+                  "measured_from": float|null},
+     "fail_fast": {"in_flight": int},
+     "restarts": int, "server_events": [...], "fault_evidence": [...],
+     "errors": [str], "interrupted": bool, "journal_status": str|null,
+     "steady_state": {...}, "generated_at": float}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.checks.base import CheckResult
+
+__all__ = ["SCHEMA_VERSION", "jsonable", "build_report", "write_report", "read_report"]
+
+SCHEMA_VERSION = 1
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` made strict-JSON safe: numpy scalars → Python numbers, NaN/±inf → None,
+    tuples → lists, dataclass-like objects with ``to_dict`` → dicts."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "to_dict"):
+        return jsonable(value.to_dict())
+    if hasattr(value, "item"):  # numpy scalar
+        return jsonable(value.item())
+    return str(value)
+
+
+def build_report(
+    *,
+    experiment: str,
+    verdict: str,
+    stack: dict[str, Any],
+    faults: list[dict[str, Any]],
+    phases: dict[str, dict[str, Any]],
+    checks: Iterable[CheckResult | dict[str, Any]],
+    requests: dict[str, int],
+    integrity: dict[str, Any],
+    recovery: dict[str, Any],
+    restarts: int,
+    errors: list[str],
+    **extra: Any,
+) -> dict[str, Any]:
+    """Assemble the report dict (see module doc); ``extra`` fields are added as given.
+
+    Checks keep their order. The result is strict-JSON safe (:func:`jsonable`).
+    """
+    rows = [c.to_dict() if isinstance(c, CheckResult) else dict(c) for c in checks]
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "experiment": experiment,
+        "verdict": verdict,
+        "stack": stack,
+        "faults": faults,
+        "phases": phases,
+        "checks": rows,
+        "requests": requests,
+        "integrity": integrity,
+        "recovery": recovery,
+        "restarts": int(restarts),
+        "errors": list(errors),
+        **extra,
+    }
+    return jsonable(report)
+
+
+def write_report(path: str | os.PathLike, report: dict[str, Any]) -> Path:
+    """Write ``report`` as indented strict JSON, atomically (temp file + rename).
+
+    Returns:
+        The path written.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(jsonable(report), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def read_report(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a ``report.json``."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -1,0 +1,235 @@
+"""judge_run over synthetic run directories: a kill of the speculative worker with a
+supervised restart, and the defects that must turn it into fail or error."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.experiment.config import SpecchaosConfig
+from harness.load.records import write_records
+from harness.report.json_report import read_report, write_report
+from harness.report.judge import count_restarts, fault_summary, judge_run, load_reference
+from tests.factories import cut, ev, fail, make_record, phase_events
+
+FAULT = 1030.5
+STARTS = {"baseline": 1000.0, "fault": 1030.0, "recovery": 1050.0, "after": 1070.0}
+STOP = 1100.0
+META = {
+    "experiment": "kill the draft worker",
+    "stack": {"launcher": "local", "vllm_version": "0.32.0",
+              "speculative": {"method": "draft_model", "draft": "draft-exact", "num_speculative_tokens": 4}},
+    "errors": [],
+    "interrupted": False,
+    "journal_status": "completed",
+    "steady_state": {"before": {"met": True}, "after": {"met": True}},
+    "source": "experiments/kill-draft-worker.yaml",
+}
+
+
+def load_records(back_at=1045.0):
+    recs = []
+    t = 990.0  # warm-up before the baseline
+    k = 0
+    while t < STOP:
+        pid = k % 5
+        if 1030.2 <= t < FAULT:
+            recs.append(fail(send_time=t, after_s=0.5, prompt_id=pid))  # in flight, fails fast
+        elif FAULT <= t < back_at:
+            recs.append(fail(send_time=t, after_s=0.01, status=None, error="connect", prompt_id=pid))
+        else:
+            recs.append(make_record(send_time=t, prompt_id=pid, chunk_tokens=[1, 2, 1]))
+        t = round(t + 0.25, 6)
+        k += 1
+    return recs
+
+
+def timeline(back_at=1045.0, evidence=True, fault=True):
+    evs = phase_events(STARTS, STOP)
+    evs += [ev(990.0, "server_started", source="stack", server="spec", pid=1, incarnation=0),
+            ev(990.0, "server_started", source="stack", server="ref", pid=2, incarnation=0)]
+    t = 990.0
+    while t < STOP:
+        up = not (fault and FAULT < t < back_at)
+        evs.append(ev(t, "health", source="health", server="spec", status=200 if up else None, latency_s=0.001))
+        t += 0.5
+    if fault:
+        evs += [
+            ev(FAULT, "fault_injected", source="fault", fault_id="f1", kind="process-kill", target="spec/worker"),
+            ev(1030.8, "server_exited", source="stack", server="spec", pid=1, returncode=-9, incarnation=0,
+               expected=False),
+            ev(1031.0, "server_restarting", source="stack", server="spec", attempt=1, backoff_s=1.0),
+            ev(1032.0, "server_started", source="stack", server="spec", pid=3, incarnation=1),
+            ev(back_at - 0.5, "server_ready", source="stack", server="spec", pid=3, incarnation=1),
+        ]
+        if evidence:
+            evs.append(ev(1031.0, "fault_evidence", source="fault", fault_id="f1", acted=True,
+                          evidence={"acted": True, "observations": {"gone_after_s": 0.02}, "detail": "worker gone"}))
+        evs.append(ev(back_at, "fault_cleared", source="fault", fault_id="f1"))
+    return evs
+
+
+def write_run(d: Path, records=None, events=None, reference=None):
+    d.mkdir(parents=True, exist_ok=True)
+    write_records(d / "records.jsonl", records if records is not None else load_records())
+    ref = reference if reference is not None else [
+        make_record(prompt_id=p, source="reference", chunk_tokens=[1, 1, 1, 1]) for p in range(5)]
+    write_records(d / "reference.jsonl", ref)
+    with (d / "timeline.jsonl").open("w") as fh:
+        for e in events if events is not None else timeline():
+            fh.write(json.dumps(e) + "\n")
+    return d
+
+
+def cfg():
+    return SpecchaosConfig()
+
+
+def by_name(report):
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_clean_kill_and_restart_passes_with_full_schema(tmp_path):
+    d = write_run(tmp_path / "run")
+    rep = judge_run(d, cfg(), META)
+    failed = [c for c in rep["checks"] if not c["passed"]]
+    assert rep["verdict"] == "pass", failed
+    assert rep["errors"] == []
+
+    # the schema of the brief
+    assert rep["experiment"] == "kill the draft worker"
+    assert rep["stack"]["speculative"] == {"method": "draft_model", "draft": "draft-exact", "num_speculative_tokens": 4}
+    assert rep["stack"]["launcher"] == "local" and rep["stack"]["vllm_version"] == "0.32.0"
+    (f,) = rep["faults"]
+    assert f["kind"] == "process-kill" and f["target"] == "spec/worker"
+    assert f["injected_at"] == FAULT and f["cleared_at"] == 1045.0 and f["acted"] is True
+    assert set(rep["phases"]) == {"baseline", "fault", "recovery", "after"}
+    for m in rep["phases"].values():
+        for key in ("start", "end", "requests", "errors", "output_tokens_per_s"):
+            assert key in m
+        for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+            assert set(m[key]) == {"p50", "p95", "p99"}
+    assert rep["phases"]["baseline"]["start"] == 1000.0 and rep["phases"]["after"]["end"] == STOP
+    for c in rep["checks"]:
+        assert set(c) >= {"name", "passed", "observed", "limit"}
+    assert rep["requests"]["total"] == rep["requests"]["ok"] + rep["requests"]["failed"]
+    assert rep["requests"]["failed"] == len([r for r in load_records() if not r.ok])
+    assert rep["integrity"]["compared"] == rep["requests"]["ok"]
+    assert rep["integrity"]["mismatched"] == 0 and rep["integrity"]["malformed"] == 0
+    assert rep["recovery"]["time_to_healthy_s"] == pytest.approx(14.5)
+    assert rep["recovery"]["time_to_first_success_s"] == pytest.approx(14.5 + 0.201)
+    assert 14.5 < rep["recovery"]["time_to_slo_s"] < 25
+    assert rep["restarts"] == 1
+    assert rep["fault_evidence"][0]["acted"] is True
+    assert rep["fail_fast"]["in_flight"] >= 1
+    assert rep["source"] == META["source"]  # other meta copied
+    assert rep["steady_state"] == META["steady_state"]
+
+    # groups of checks all present
+    names = set(by_name(rep))
+    for prefix in ("fault.", "slo.", "degradation.", "coverage.", "integrity.", "recovery.", "fail_fast."):
+        assert any(n.startswith(prefix) for n in names), prefix
+
+    # strict JSON round trip
+    p = write_report(d / "report.json", rep)
+    assert read_report(p) == json.loads(json.dumps(rep))
+
+
+def test_fault_without_evidence_is_error(tmp_path):
+    d = write_run(tmp_path / "run", events=timeline(evidence=False))
+    rep = judge_run(d, cfg(), META)
+    assert rep["verdict"] == "error"
+    assert any("no evidence" in e for e in rep["errors"])
+    assert not by_name(rep)["fault.f1.acted"]["passed"]
+
+
+def test_no_fault_is_error(tmp_path):
+    d = write_run(tmp_path / "run", events=timeline(fault=False))
+    rep = judge_run(d, cfg(), META)
+    assert rep["verdict"] == "error"
+    assert rep["faults"] == [] and not by_name(rep)["fault.injected"]["passed"]
+    assert rep["recovery"]["time_to_healthy_s"] is None
+
+
+def test_run_error_and_interruption_are_errors(tmp_path):
+    d = write_run(tmp_path / "run")
+    assert judge_run(d, cfg(), {**META, "errors": ["stack: spec failed to start"]})["verdict"] == "error"
+    assert judge_run(d, cfg(), {**META, "interrupted": True})["verdict"] == "error"
+
+
+def test_cut_stream_labelled_ok_fails(tmp_path):
+    recs = load_records()
+    i = next(i for i, r in enumerate(recs) if r.send_time == 1060.0)
+    recs[i] = cut(recs[i], 1, labelled_ok=True)
+    rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
+    assert rep["verdict"] == "fail"
+    assert rep["integrity"]["false_success"] == 1
+    assert not by_name(rep)["integrity.false_success"]["passed"]
+    assert rep["requests"]["client_ok"] == rep["requests"]["ok"] + 1
+
+
+def test_changed_token_fails(tmp_path):
+    recs = load_records()
+    i = next(i for i, r in enumerate(recs) if r.send_time == 1080.0)
+    ids = list(recs[i].token_ids)
+    ids[2] = 424242
+    recs[i] = dataclasses.replace(recs[i], token_ids=ids)
+    rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
+    assert rep["verdict"] == "fail"
+    assert rep["integrity"]["mismatched"] == 1
+    assert "token 2: got 424242" in rep["integrity"]["first_divergence"]
+
+
+def test_server_that_never_comes_back_fails(tmp_path):
+    back = 10_000.0
+    d = write_run(tmp_path / "run", records=load_records(back_at=back), events=timeline(back_at=back))
+    rep = judge_run(d, cfg(), META)
+    assert rep["verdict"] == "fail"
+    c = by_name(rep)
+    for k in ("time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s"):
+        assert rep["recovery"][k] is None
+        assert not c[f"recovery.{k}"]["passed"]
+    assert not c["slo.after.ttft_p95_s"]["passed"]  # nothing complete in 'after'
+
+
+def test_breached_slo_fails(tmp_path):
+    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0) if r.ok and r.send_time >= STARTS["after"] else r
+            for r in load_records()]
+    rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
+    assert rep["verdict"] == "fail"
+    c = by_name(rep)
+    assert not c["slo.after.e2e_p95_s"]["passed"]
+    assert not c["degradation.after_vs_baseline.e2e_p95_ratio"]["passed"]
+
+
+def test_only_load_records_are_judged_and_missing_files_do_not_crash(tmp_path):
+    recs = load_records() + [dataclasses.replace(fail(send_time=1010.0), source="probe")]
+    rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
+    assert rep["verdict"] == "pass"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rep = judge_run(empty, cfg(), {})
+    assert rep["verdict"] == "error" and rep["requests"]["total"] == 0
+    assert rep["experiment"] == "empty"
+    assert rep["stack"]["speculative"]["method"] == "draft_model"  # filled from the config
+
+
+def test_helpers():
+    evs = timeline()
+    assert count_restarts(evs) == 1
+    assert count_restarts(evs, "ref") == 0
+    assert count_restarts([ev(1, "server_started", source="stack", server="spec")]) == 0
+    (f,) = fault_summary(evs)
+    assert f["fault_id"] == "f1" and f["acted"]
+    ref = load_reference([cut(make_record(prompt_id=1), 1), make_record(prompt_id=1)])
+    assert ref[1].done
+
+
+def test_runner_strict_verdict_agrees_with_the_judge(tmp_path):
+    from harness.experiment.runner import apply_strict_verdict
+
+    rep = judge_run(write_run(tmp_path / "run"), cfg(), META)
+    assert apply_strict_verdict(rep, None)["verdict"] == "pass"
+    rep = judge_run(write_run(tmp_path / "run2", events=timeline(evidence=False)), cfg(), META)
+    assert apply_strict_verdict(rep, None)["verdict"] == "error"
