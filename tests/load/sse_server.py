@@ -67,6 +67,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._event("[DONE]")
         self._end()
 
+    def s_slow(self) -> None:  # the normal stream over ~1.2 s
+        self._head()
+        for c in NORMAL:
+            self._event(c)
+            self._wait(0.25)
+        self._event("[DONE]")
+        self._end()
+
     def s_no_token_ids(self) -> None:
         self._head()
         for c in [chunk("x"), chunk("y"), chunk("", finish="stop")]:

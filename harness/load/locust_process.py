@@ -1,0 +1,241 @@
+"""Locust run headless as its own process, owned by the harness.
+
+The process runs :mod:`harness.load.locustfile` against one loopback host and appends one
+record per request to ``records_path``. It is started in its own session, dies with the
+harness (``PR_SET_PDEATHSIG``: SIGTERM when the thread that started it exits) and is
+registered in the run state so ``specchaos cleanup`` can find it after a crash.
+
+Stopping is graceful first: SIGTERM makes locust stop its users, giving each up to
+``stop_timeout_s`` to finish its request in flight (the record is written either way; a
+request still running then is recorded as an error), print its summary and exit. SIGKILL
+follows if it is still alive after ``stop(timeout_s)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from harness import state
+from harness.errors import LoadError
+from harness.experiment.config import LoadConfig
+from harness.load.client import check_loopback_url
+
+log = logging.getLogger(__name__)
+
+#: The locustfile, by path: never import it here (importing locust monkey-patches gevent).
+LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _pdeathsig_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent thread dies
+    (Linux ``prctl(PR_SET_PDEATHSIG)``), or None where prctl is unavailable. libc is
+    resolved before the fork, so the child only makes the system call."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _tail(path: Path, chars: int = 2000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - chars))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+
+
+class LocustProcess:
+    """One headless locust run (see module doc).
+
+    Args:
+        host_url: the speculative server, e.g. ``"http://127.0.0.1:41234"``; loopback only.
+        prompts_path: prompts.json (:func:`harness.load.prompts.save_prompt_set`).
+        records_path: records.jsonl to append to.
+        model: served model name.
+        cfg: users, spawn rate, timeouts, think time, backoff, seed, max requests.
+        run_time_s: locust's ``--run-time`` (whole seconds, at least 1).
+        log_path: locust's stdout and stderr (its log and final summary).
+        stop_timeout_s: locust's ``--stop-timeout``: how long a stopping user may finish
+            its request in flight. Keep it below :meth:`stop`'s ``timeout_s``.
+        startup_check_s: :meth:`start` waits this long to catch an early exit.
+
+    Raises:
+        LoadError: ``host_url`` is not a loopback http(s) URL.
+    """
+
+    def __init__(
+        self,
+        host_url: str,
+        *,
+        prompts_path: str | os.PathLike,
+        records_path: str | os.PathLike,
+        model: str,
+        cfg: LoadConfig,
+        run_time_s: float,
+        log_path: str | os.PathLike,
+        stop_timeout_s: float = 10.0,
+        startup_check_s: float = 2.0,
+    ):
+        check_loopback_url(host_url, where="load host")
+        self.host_url = host_url.rstrip("/")
+        self.prompts_path = Path(prompts_path).resolve()
+        self.records_path = Path(records_path).resolve()
+        self.model = model
+        self.cfg = cfg
+        self.run_time_s = max(1, int(run_time_s))
+        self.log_path = Path(log_path).resolve()
+        self.stop_timeout_s = stop_timeout_s
+        self.startup_check_s = startup_check_s
+        self._proc: subprocess.Popen | None = None
+        self._stopped = False
+
+    def command(self) -> list[str]:
+        """The locust argv (no shell)."""
+        return [
+            sys.executable, "-m", "locust",
+            "-f", str(LOCUSTFILE),
+            "--headless",
+            "-u", str(self.cfg.users),
+            "-r", f"{self.cfg.spawn_rate:g}",
+            "--host", self.host_url,
+            "--run-time", f"{self.run_time_s}s",
+            "--stop-timeout", f"{self.stop_timeout_s:g}",
+            "--only-summary",
+            "--exit-code-on-error", "0",  # failed requests are data; exit != 0 means locust broke
+            "--loglevel", "INFO",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: ours without ``LOCUST_*`` (no stray locust settings),
+        plus the ``SPECCHAOS_*`` settings of :mod:`harness.load.locustfile`."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
+        c = self.cfg
+        env.update({
+            "PYTHONUNBUFFERED": "1",
+            "SPECCHAOS_PROMPTS": str(self.prompts_path),
+            "SPECCHAOS_RECORDS": str(self.records_path),
+            "SPECCHAOS_MODEL": self.model,
+            "SPECCHAOS_REQUEST_TIMEOUT_S": repr(float(c.request_timeout_s)),
+            "SPECCHAOS_MAX_REQUESTS": str(c.max_requests),
+            "SPECCHAOS_THINK_TIME_S": repr(float(c.think_time_s)),
+            "SPECCHAOS_ERROR_BACKOFF_S": repr(float(c.error_backoff_s)),
+            "SPECCHAOS_SEED": str(c.seed),
+            "SPECCHAOS_IGNORE_EOS": "1" if c.ignore_eos else "0",
+        })
+        return env
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once exited (negative: killed by that signal), else None."""
+        return None if self._proc is None else self._proc.poll()
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start locust and check it survives its first ``startup_check_s`` seconds.
+
+        Raises:
+            LoadError: already started, the prompt set is missing, locust cannot be
+                started, or it exited at once with a non-zero code (the message carries
+                the log tail). A run that finished with code 0 within the check is fine.
+        """
+        if self._proc is not None:
+            raise LoadError("locust was already started", where=str(self.log_path))
+        if not self.prompts_path.is_file():
+            raise LoadError("prompt set not found", where=str(self.prompts_path),
+                            hint="save it with harness.load.prompts.save_prompt_set first")
+        self.records_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.command()
+        log.info("starting locust: %d users -> %s for %d s", self.cfg.users, self.host_url, self.run_time_s)
+        log.debug("locust argv: %s", cmd)
+        with open(self.log_path, "ab") as logf:
+            try:
+                self._proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                    env=self.environment(), cwd=str(self.records_path.parent),  # no stray locust.conf
+                    start_new_session=True, preexec_fn=_pdeathsig_preexec(), close_fds=True,
+                )
+            except OSError as exc:
+                raise LoadError(f"cannot start locust: {exc}", where=str(self.log_path)) from None
+        state.register_process(self._proc.pid, "locust")
+        deadline = time.monotonic() + self.startup_check_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                self._forget()
+                if self._proc.returncode == 0:  # e.g. SPECCHAOS_MAX_REQUESTS already reached
+                    return
+                raise LoadError(
+                    f"locust exited at start with code {self._proc.returncode}: {_tail(self.log_path)}",
+                    where=str(self.log_path), hint="read the locust log",
+                )
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """Stop locust: SIGTERM (graceful, see module doc), then SIGKILL of its process
+        group after ``timeout_s``. Idempotent; a no-op if never started.
+
+        Returns:
+            The exit status (None if it was never started).
+        """
+        proc = self._proc
+        if proc is None:
+            return None
+        if self._stopped:
+            return proc.poll()
+        self._stopped = True
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("locust did not stop within %.0f s of SIGTERM; killing it", timeout_s)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
+                proc.wait(timeout=10)
+        self._forget()
+        log.info("locust stopped (exit code %s)", proc.returncode)
+        return proc.returncode
+
+    def _forget(self) -> None:
+        if self._proc is not None:
+            state.unregister_process(self._proc.pid)
+
+    def __enter__(self) -> "LocustProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

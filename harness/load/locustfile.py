@@ -1,0 +1,194 @@
+"""The locust side of the load: one streaming user class; everything else is configuration.
+
+Run by :class:`harness.load.locust_process.LocustProcess` as
+``python -m locust -f <this file> --headless --host http://127.0.0.1:PORT ...`` (never
+import it into another process: importing locust monkey-patches the interpreter with gevent).
+
+Each :class:`StreamingCompletionUser` is a closed loop: send one greedy streaming completion
+(:func:`harness.load.client.stream_completion`), append its record to the records file,
+wait, repeat. It walks the prompt set in its own seeded order (a fresh shuffle per pass,
+``random.Random(SPECCHAOS_SEED + user index)``), so every prompt is sent many times.
+Locust's own statistics are kept right by firing ``environment.events.request`` for every
+request (``response_time`` in ms, an ``exception`` on failure).
+
+Configuration (environment variables, all set by ``LocustProcess``):
+
+* ``SPECCHAOS_PROMPTS``: prompts.json (:func:`harness.load.prompts.save_prompt_set`).
+* ``SPECCHAOS_RECORDS``: records.jsonl to append to (one line per request, flushed each).
+* ``SPECCHAOS_MODEL``: served model name.
+* ``SPECCHAOS_REQUEST_TIMEOUT_S``: bound on each whole request (default 30).
+* ``SPECCHAOS_MAX_REQUESTS``: requests this process may send in all; when reached, the
+  runner quits (default 20000).
+* ``SPECCHAOS_THINK_TIME_S``: wait after a successful request (default 0).
+* ``SPECCHAOS_ERROR_BACKOFF_S``: wait after a failed one, so a dead server is not
+  hammered in a tight loop (default 0.25; the larger of it and the think time is used).
+* ``SPECCHAOS_SEED``: seed of the per-user prompt orders (default 1234).
+* ``SPECCHAOS_IGNORE_EOS``: ``1``/``true`` to ask for ``ignore_eos`` (default off).
+
+Shutdown: locust's ``--stop-timeout`` lets a user finish the request in flight; a request
+still running when it expires is ended by locust (``GreenletExit``) and written as an error
+(``"other:GreenletExit"``), never as a success.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import gevent
+from locust import User, task
+from locust.exception import StopUser
+
+from harness.errors import LoadError
+from harness.load.client import check_loopback_url, make_client, stream_completion
+from harness.load.prompts import Prompt, load_prompt_set
+from harness.load.records import RequestRecord, append_record
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The user's configuration, read once from the environment (see module doc)."""
+
+    prompts: tuple[Prompt, ...]
+    records_path: Path
+    model: str
+    request_timeout_s: float
+    max_requests: int
+    think_time_s: float
+    error_backoff_s: float
+    seed: int
+    ignore_eos: bool
+
+
+def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
+    """Parse the ``SPECCHAOS_*`` variables.
+
+    Raises:
+        LoadError: a required variable is missing, a number does not parse, or the prompt
+            set is empty or unreadable.
+    """
+
+    def need(name: str) -> str:
+        value = env.get(name)
+        if not value:
+            raise LoadError(f"{name} is not set", where="harness/load/locustfile.py",
+                            hint="start locust through harness.load.locust_process.LocustProcess")
+        return value
+
+    def num(name: str, default: float, kind=float):
+        raw = env.get(name)
+        if raw in (None, ""):
+            return kind(default)
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise LoadError(f"{name}={raw!r} is not a {kind.__name__}", where="harness/load/locustfile.py") from None
+        if value < 0:
+            raise LoadError(f"{name}={raw!r} must be >= 0", where="harness/load/locustfile.py")
+        return value
+
+    prompts = tuple(load_prompt_set(need("SPECCHAOS_PROMPTS")))
+    if not prompts:
+        raise LoadError("the prompt set is empty", where=need("SPECCHAOS_PROMPTS"))
+    return Settings(
+        prompts=prompts,
+        records_path=Path(need("SPECCHAOS_RECORDS")),
+        model=need("SPECCHAOS_MODEL"),
+        request_timeout_s=num("SPECCHAOS_REQUEST_TIMEOUT_S", 30.0),
+        max_requests=num("SPECCHAOS_MAX_REQUESTS", 20000, int),
+        think_time_s=num("SPECCHAOS_THINK_TIME_S", 0.0),
+        error_backoff_s=num("SPECCHAOS_ERROR_BACKOFF_S", 0.25),
+        seed=num("SPECCHAOS_SEED", 1234, int),
+        ignore_eos=env.get("SPECCHAOS_IGNORE_EOS", "").strip().lower() in ("1", "true", "yes", "on"),
+    )
+
+
+SETTINGS = settings_from_env(os.environ)  # fail at locust start, not at the first request
+
+_user_index = itertools.count()
+_sent = 0
+_quitting = False
+
+
+class RequestFailed(Exception):
+    """What locust's statistics see for a failed request: ``"<error class>: <detail>"``."""
+
+
+class StreamingCompletionUser(User):
+    """One closed-loop client of the speculative server (see module doc)."""
+
+    def __init__(self, environment) -> None:
+        super().__init__(environment)
+        self.user_id = next(_user_index)
+        self.rng = random.Random(SETTINGS.seed + self.user_id)
+        self._order: list[Prompt] = []
+        self._next_wait = SETTINGS.think_time_s
+        self._client = None
+
+    def wait_time(self) -> float:
+        """Think time after a success, ``max(think, error backoff)`` after a failure."""
+        return self._next_wait
+
+    def on_start(self) -> None:
+        check_loopback_url(self.host or "", where="locust --host")
+        self._client = make_client(max_connections=2)
+
+    def on_stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def next_prompt(self) -> Prompt:
+        """The next prompt of this user's seeded walk (a new shuffle per pass)."""
+        if not self._order:
+            self._order = list(SETTINGS.prompts)
+            self.rng.shuffle(self._order)
+            self._order.reverse()  # pop() from the end walks the shuffle in order
+        return self._order.pop()
+
+    @task
+    def complete(self) -> None:
+        """Send one request, record it, and choose the next wait."""
+        global _sent
+        if _sent >= SETTINGS.max_requests:
+            _quit(self.environment)
+            raise StopUser()
+        _sent += 1
+        rec = stream_completion(
+            self._client, self.host, SETTINGS.model, self.next_prompt(),
+            timeout_s=SETTINGS.request_timeout_s, source="load", user_id=self.user_id,
+            ignore_eos=SETTINGS.ignore_eos, on_interrupt=self._record,
+        )
+        self._record(rec)
+        self._next_wait = SETTINGS.think_time_s if rec.ok else max(SETTINGS.think_time_s, SETTINGS.error_backoff_s)
+
+    def _record(self, rec: RequestRecord) -> None:
+        append_record(SETTINGS.records_path, rec)
+        exc = None if rec.ok else RequestFailed(f"{rec.error}: {rec.error_detail}")
+        self.environment.events.request.fire(
+            request_type="POST",
+            name=f"/v1/completions [{rec.prompt_class}]",
+            response_time=(rec.e2e_s or 0.0) * 1000.0,
+            response_length=len(rec.text),
+            response=None,
+            context={"user_id": rec.user_id, "prompt_id": rec.prompt_id, "request_id": rec.request_id},
+            exception=exc,
+            start_time=rec.send_time,
+            url=f"{self.host}/v1/completions",
+        )
+
+
+def _quit(environment) -> None:
+    """Quit the whole runner once ``SPECCHAOS_MAX_REQUESTS`` were sent (from a new greenlet,
+    so users in flight are stopped by locust's own graceful path)."""
+    global _quitting
+    if _quitting or environment.runner is None:
+        return
+    _quitting = True
+    log.info("SPECCHAOS_MAX_REQUESTS=%d reached, quitting", SETTINGS.max_requests)
+    gevent.spawn(environment.runner.quit)
