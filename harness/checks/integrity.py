@@ -22,6 +22,7 @@ from harness.load.records import RequestRecord
 
 __all__ = [
     "FINISH_REASONS",
+    "PAYLOAD_ERRORS",
     "is_complete",
     "presented_finished",
     "divergence_index",
@@ -35,10 +36,17 @@ FINISH_REASONS = ("stop", "length")
 _EXAMPLES = 5
 
 
+#: Client error classes that describe the server's payload rather than an error the server
+#: reported: the load client labels "[DONE] without a finish_reason" ``bad_payload``.
+PAYLOAD_ERRORS = ("bad_payload",)
+
+
 def presented_finished(r: RequestRecord) -> bool:
-    """True when the server presented the response as finished: HTTP 200, no client-side
-    error, and the stream ended with ``[DONE]``."""
-    return r.status == 200 and r.error is None and bool(r.done)
+    """True when the server presented the response as finished: HTTP 200, the stream ended
+    with ``[DONE]``, and no error was reported (the client's own ``bad_payload`` label on a
+    finished stream, e.g. ``[DONE]`` without a finish_reason, is the malformation itself,
+    not an error the server reported)."""
+    return r.status == 200 and bool(r.done) and (r.error is None or r.error in PAYLOAD_ERRORS)
 
 
 def is_complete(r: RequestRecord) -> tuple[bool, str]:

@@ -177,6 +177,17 @@ def test_other_malformed_finished_responses(change):
     assert not by_name(checks)["integrity.malformed"].passed
 
 
+def test_done_without_finish_reason_labelled_bad_payload_by_the_client_is_malformed():
+    # what harness.load.client records for "[DONE] but no finish_reason"
+    bad = dataclasses.replace(make_record(), finish_reason=None, error="bad_payload", ok=False)
+    checks, s = integrity_checks([bad], {0: ref_for(0)}, min_compared=0)
+    assert s["malformed"] == 1 and not by_name(checks)["integrity.malformed"].passed
+    # an error the server itself reported in the stream is an honest error
+    honest = dataclasses.replace(make_record(), error="stream_error", ok=False)
+    _, s = integrity_checks([honest], {0: ref_for(0)}, min_compared=0)
+    assert s["malformed"] == 0
+
+
 def test_honest_errors_are_neither_malformed_nor_false_success():
     recs = [fail(), cut(make_record(), 1)]
     checks, s = integrity_checks(recs + [make_record()], {0: ref_for(0)}, min_compared=1)
