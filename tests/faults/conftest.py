@@ -33,6 +33,7 @@ class Started:
     def __init__(self) -> None:
         self.seen: dict[int, float] = {}
         self.popens: list[subprocess.Popen] = []
+        self.servers: list[TreeServer] = []
 
     def popen(self, args: list[str]) -> subprocess.Popen:
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -50,7 +51,9 @@ class Started:
             pass
 
     def kill_all(self) -> None:
-        for pid, ct in self.seen.items():
+        for server in self.servers:  # first, so no supervisor restarts what is killed below
+            server._stopping = True
+        for pid, ct in list(self.seen.items()):
             try:
                 p = psutil.Process(pid)
                 if abs(p.create_time() - ct) < 1e-3:
@@ -62,6 +65,8 @@ class Started:
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        for server in self.servers:
+            server.stop()
 
 
 def start_tree(started: Started, *flags: str, timeout_s: float = 20.0) -> subprocess.Popen:
@@ -111,6 +116,7 @@ class TreeServer:
         self._ready: dict[int, float] = {}
         self._cond = threading.Condition()
         self._stopping = False
+        started.servers.append(self)
         self.popen = start_tree(started, *flags)
         self._ready[0] = now()
         self._thread = None
@@ -127,6 +133,8 @@ class TreeServer:
                 self.incarnation += 1
                 self.restarts.append({"t": now(), "returncode": rc, "incarnation": self.incarnation})
                 inc = self.incarnation
+            if self._stopping:
+                return
             self.popen = start_tree(self.started, *self.flags)
             with self._cond:
                 self._ready[inc] = now()
@@ -144,17 +152,32 @@ class TreeServer:
             self._cond.wait_for(lambda: incarnation in self._ready, timeout_s)
             return self._ready.get(incarnation)
 
+    def _kill_tree(self) -> None:
+        try:
+            root = psutil.Process(self.popen.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
     def stop(self) -> None:
+        """Kill the tree and the supervisor (which may be starting a new tree right now)."""
         self._stopping = True
-        for procs in self.roles().values():
-            for proc in procs:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-        self.popen.wait(5)
-        if self._thread:
-            self._thread.join(5)
+        deadline = time.monotonic() + 20
+        while True:
+            self._kill_tree()
+            if self._thread is None or not self._thread.is_alive() or time.monotonic() > deadline:
+                break
+            self._thread.join(0.2)
+        self._kill_tree()
 
 
 class TreeStack:

@@ -25,7 +25,7 @@ CHILD = {"api": "engine", "engine": "worker"}
 
 def main() -> None:
     role, flags = sys.argv[1], set(sys.argv[2:])
-    if role != "api" and "orphanable" not in flags:
+    if "orphanable" not in flags:  # the api dies with the thread that started it
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     if "ignore-term-all" in flags or (role == "worker" and "ignore-term" in flags):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

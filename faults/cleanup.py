@@ -1,0 +1,159 @@
+"""``specchaos cleanup``: tear down what crashed runs left behind.
+
+For every run state file (format in :mod:`harness.state`) whose owner process is gone
+— its pid is not running, or now belongs to a process with another create_time — or
+every file with ``force``:
+
+1. open faults in the run's ledger are reverted with ``REGISTRY[kind].recover(entry)``
+   and marked cleared there (first, because e.g. a frozen cgroup must be thawed before
+   its processes can die);
+2. every registered process tree is ended: the registered pid only if its create_time
+   still matches (pid-reuse safe), with its descendants as found by psutil; SIGTERM,
+   then SIGKILL to whatever is left after ``grace_s``;
+3. the state file is deleted (kept if something could not be reverted or ended, so a
+   later cleanup retries).
+
+Nothing that is not a registered process or a descendant of one is ever signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from faults.ledger import Ledger
+from faults.process_kill import same_process, send_signal_exact
+from faults.registry import REGISTRY
+from harness import state as run_state
+
+log = logging.getLogger(__name__)
+
+
+def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float = 5.0) -> dict[str, Any]:
+    """Clean up after runs whose owner died (or all runs with ``force``).
+
+    Args:
+        state_dir: the state directory holding ``runs/*.json``; default
+            :func:`harness.state.state_dir` (``$SPECCHAOS_STATE_DIR``).
+        force: also clean runs whose owner is still alive.
+        grace_s: seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        ``{"runs": int (runs cleaned), "killed": [pid], "faults_reverted": [fault_id],
+        "skipped_live_runs": [run_id], "errors": [str]}``
+    """
+    base = Path(state_dir) if state_dir is not None else run_state.state_dir()
+    result: dict[str, Any] = {"runs": 0, "killed": [], "faults_reverted": [], "skipped_live_runs": [], "errors": []}
+    for path in sorted((base / "runs").glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            result["errors"].append(f"{path}: unreadable state file ({exc})")
+            continue
+        run_id = data.get("run_id") or path.stem
+        owner_pid, owner_ct = data.get("owner_pid"), data.get("owner_create_time")
+        if not force and owner_pid is not None and owner_ct is not None and same_process(int(owner_pid), float(owner_ct)):
+            log.info("run %s: owner pid %s is alive, skipped", run_id, owner_pid)
+            result["skipped_live_runs"].append(run_id)
+            continue
+        errors = _revert_faults(data.get("ledger"), result)
+        errors += _kill_registered(data.get("processes") or [], grace_s, result)
+        result["runs"] += 1
+        if errors:
+            result["errors"] += [f"run {run_id}: {e}" for e in errors]
+            log.warning("run %s: state file kept (%d problem(s))", run_id, len(errors))
+        else:
+            path.unlink(missing_ok=True)
+            log.info("run %s cleaned up", run_id)
+    return result
+
+
+def _revert_faults(ledger_path: str | None, result: dict[str, Any]) -> list[str]:
+    if not ledger_path:
+        return []
+    ledger = Ledger(ledger_path)
+    errors = []
+    for entry in ledger.open_faults():
+        cls = REGISTRY.get(entry.get("kind") or "")
+        if cls is None:
+            errors.append(f"fault {entry['fault_id']}: unknown kind {entry.get('kind')!r}, not reverted")
+            continue
+        try:
+            cls.recover(entry)
+        except Exception as exc:  # noqa: BLE001 - keep reverting the others
+            log.error("reverting fault %s failed: %s", entry["fault_id"], exc)
+            errors.append(f"fault {entry['fault_id']}: recover failed ({type(exc).__name__}: {exc})")
+            continue
+        ledger.cleared(entry["fault_id"])
+        result["faults_reverted"].append(entry["fault_id"])
+    return errors
+
+
+def _kill_registered(processes: list[dict[str, Any]], grace_s: float, result: dict[str, Any]) -> list[str]:
+    """End every registered tree whose root is still the registered process."""
+    tree: dict[int, float] = {}  # pid -> create_time
+    for reg in processes:
+        try:
+            pid, ct = int(reg["pid"]), float(reg["create_time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not same_process(pid, ct):
+            log.info("registered pid %s (%s) is gone or was reused: not touched", reg.get("pid"), reg.get("role"))
+            continue
+        tree[pid] = ct
+        tree.update(_descendants(pid))
+    if not tree:
+        return []
+    for pid, ct in tree.items():
+        _signal(pid, ct, signal.SIGTERM)
+    alive = _wait_gone(tree, grace_s)
+    if alive:
+        for pid in list(alive):  # children forked during the grace period are part of the tree
+            late = {c: t for c, t in _descendants(pid).items() if c not in tree}
+            alive.update(late)
+            tree.update(late)
+        for pid, ct in alive.items():
+            _signal(pid, ct, signal.SIGKILL)
+        alive = _wait_gone(alive, 5.0)
+    # Ended by cleanup: found running in a registered tree, gone now (signalled, or
+    # taken down with its parent).
+    result["killed"] += [pid for pid in tree if pid not in alive]
+    return [f"pid {pid} still running after SIGKILL" for pid in alive]
+
+
+def _descendants(pid: int) -> dict[int, float]:
+    out = {}
+    try:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                out[child.pid] = child.create_time()
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return out
+
+
+def _signal(pid: int, ct: float, sig: int) -> bool:
+    try:
+        return send_signal_exact(pid, ct, sig)
+    except PermissionError:
+        log.error("not permitted to signal pid %d", pid)
+        return False
+
+
+def _wait_gone(procs: dict[int, float], timeout_s: float) -> dict[int, float]:
+    """Poll until every (pid, create_time) is gone; returns those still running."""
+    deadline = time.monotonic() + timeout_s
+    alive = dict(procs)
+    while True:
+        alive = {pid: ct for pid, ct in alive.items() if same_process(pid, ct)}
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
