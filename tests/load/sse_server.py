@@ -21,6 +21,8 @@ def chunk(text: str, ids: list[int] | None = None, finish: str | None = None) ->
 
 USAGE = {"id": "cmpl-x", "object": "text_completion", "model": "m", "choices": [],
          "usage": {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13}}
+UNICODE = [chunk("é ü", [1, 2]), chunk(" 日本語", [3, 4, 5, 6]), chunk(" ✓", [7], "stop"),
+           {**USAGE, "usage": {"prompt_tokens": 2, "completion_tokens": 7, "total_tokens": 9}}]
 NORMAL = [chunk("a b", [10, 11]), chunk(" c d e", [12, 13, 14]), chunk("", []), chunk(" f", [15], "length"), USAGE]
 
 
@@ -56,6 +58,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)
         scenario = body["model"]
+        if scenario.startswith("split:"):
+            return self.s_split(int(scenario[6:]))
         getattr(self, "s_" + scenario.replace("-", "_"))()
 
     # ---- scenarios ------------------------------------------------------------------
@@ -65,6 +69,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._event(c)
             time.sleep(0.02)
         self._event("[DONE]")
+        self._end()
+
+    def s_split(self, seed: int) -> None:
+        """The UNICODE stream written in random pieces (inside lines, inside UTF-8 characters)."""
+        import random
+
+        rng = random.Random(seed)
+        blob = "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in UNICODE).encode()
+        blob += b"data: [DONE]\n\n"
+        self._head()
+        i = 0
+        while i < len(blob):
+            n = rng.choice((1, 2, 3, 7, 50, 400))
+            piece = blob[i:i + n]
+            self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.flush()
+            i += n
         self._end()
 
     def s_slow(self) -> None:  # the normal stream over ~1.2 s

@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness import clock
 from harness.errors import LoadError
@@ -225,3 +226,13 @@ def test_under_gevent_timeout_and_interrupt(server, tmp_path):
     assert out["interrupt"] == ["other:GreenletExit", False, [2]]
     assert out["after"] is True
     assert time.monotonic() - t0 < 30
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_any_split_of_the_byte_stream_gives_the_same_record(server, seed):
+    """TCP may cut the stream anywhere (inside a line, inside a UTF-8 character)."""
+    with make_client() as c:
+        r = stream_completion(c, server.base_url, f"split:{seed}", PROMPT, timeout_s=5)
+    assert (r.ok, r.error, r.text, r.token_ids) == (True, None, "é ü 日本語 ✓", [1, 2, 3, 4, 5, 6, 7])
+    assert r.chunk_tokens == [2, 4, 1] and r.output_tokens == 7 and r.finish_reason == "stop"
