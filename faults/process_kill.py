@@ -187,15 +187,18 @@ class ProcessKill(Fault):
         """
         p = self.params
         srv = self._server(ctx)
-        procs = list((srv.roles() or {}).get(p.role) or [])
         target = self.describe_target(ctx)
+        incarnation = int(getattr(srv, "incarnation", 0))
+        procs = list((srv.roles() or {}).get(p.role) or [])
         if not procs:
             raise FaultError(
                 f"no {p.role} process found in server {p.server} (is it up?)",
                 where=target,
                 hint="start the stack and wait until it is ready before injecting",
             )
-        incarnation = int(getattr(srv, "incarnation", 0))
+        if int(getattr(srv, "incarnation", 0)) != incarnation:  # the processes may be of either
+            raise FaultError(f"server {p.server} restarted while its {p.role} was being found", where=target,
+                             hint="inject once the server is ready")
         recorded = []
         for proc in procs:
             try:
