@@ -39,16 +39,21 @@ def time_to_healthy(events: Iterable[dict[str, Any]], fault_time: float, server:
     """Epoch seconds of the first ``health`` 200 of ``server`` after it was seen down after
     ``fault_time`` (or its first 200 after ``fault_time`` if never seen down); None if never.
 
-    Down = a ``health`` event with ``status`` other than 200 (None included), or a
-    ``server_exited`` event of that server.
+    Down = a ``health`` event with ``status`` other than 200 (None included), or an
+    unexpected ``server_exited`` event of that server (``expected`` not true: the
+    harness's own stop at the end is not a fault). Events after the last
+    ``load_stopped`` are ignored (tear-down is not part of the experiment).
     """
+    evs = sorted(events, key=lambda e: e["t"])
+    stops = [e["t"] for e in evs if e.get("event") == "load_stopped"]
+    stop = stops[-1] if stops else float("inf")
     down_since: float | None = None
     first_ok: float | None = None
-    for e in sorted(events, key=lambda e: e["t"]):
-        if e["t"] <= fault_time or e.get("server") != server:
+    for e in evs:
+        if e["t"] <= fault_time or e["t"] > stop or e.get("server") != server:
             continue
         ev = e.get("event")
-        if ev == "server_exited" or (ev == "health" and e.get("status") != 200):
+        if (ev == "server_exited" and not e.get("expected")) or (ev == "health" and e.get("status") != 200):
             if down_since is None:
                 down_since = e["t"]
         elif ev == "health" and e.get("status") == 200:

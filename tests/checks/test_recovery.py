@@ -40,6 +40,15 @@ def test_never_seen_down_is_healthy_at_first_200_after_fault():
     assert time_to_healthy(evs, FAULT) == 1000.25
 
 
+def test_tear_down_after_the_run_is_not_a_fault():
+    evs = [health(1000.5, 200), health(1001, 200), ev(1100, "load_stopped"), health(1101, None),
+           ev(1102, "server_exited", source="stack", server="spec", returncode=0, expected=True)]
+    assert time_to_healthy(evs, FAULT) == 1000.5
+    evs = [health(1000.5, 200), ev(1050, "server_exited", source="stack", server="spec", returncode=0,
+                                     expected=True)]
+    assert time_to_healthy(evs, FAULT) == 1000.5
+
+
 def test_other_server_ignored_and_never_back_is_none():
     evs = [health(1001, None), health(1005, 200, server="ref"), health(1006, 503)]
     assert time_to_healthy(evs, FAULT) is None
