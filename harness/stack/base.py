@@ -32,6 +32,10 @@ class Server(Protocol):
     def api_process(self) -> psutil.Process | None:
         """The current API server process, or None when down."""
 
+    def wait_for_incarnation(self, n: int, timeout_s: float) -> float | None:
+        """Block until incarnation >= ``n`` is ready; the epoch time it became ready,
+        or None on timeout (evidence of a supervised restart)."""
+
 
 class Stack(Protocol):
     launcher: str                 # "local"
