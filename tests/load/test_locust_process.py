@@ -175,3 +175,52 @@ def test_run_time_ends_the_run(server, run_dir):
     assert wait_for(lambda: not lp.is_running(), 20)
     assert lp.returncode == 0 and read_records(lp.records_path)
     lp.stop()
+
+
+def test_registered_in_run_state_while_alive(server, run_dir, monkeypatch, tmp_path):
+    import json
+
+    from harness import state
+
+    monkeypatch.setenv("SPECCHAOS_STATE_DIR", str(tmp_path / "state"))
+    rs = state.RunState(run_dir)
+    state.set_current(rs)
+    try:
+        lp = make(server, run_dir, "normal")
+        lp.start()
+        listed = json.loads(rs.path.read_text())["processes"]
+        assert [(p["pid"], p["role"]) for p in listed] == [(lp.pid, "locust")]
+        lp.stop()
+        assert json.loads(rs.path.read_text())["processes"] == []
+    finally:
+        state.set_current(None)
+        rs.close()
+
+
+ORPHAN_SCRIPT = r"""
+import os, sys
+from pathlib import Path
+from harness.experiment.config import LoadConfig
+from harness.load.locust_process import LocustProcess
+d = Path(sys.argv[2])
+lp = LocustProcess(sys.argv[1], prompts_path=d / "prompts.json", records_path=d / "records.jsonl", model="normal",
+                   cfg=LoadConfig(users=1), run_time_s=120, log_path=d / "locust.log", stop_timeout_s=1)
+lp.start()
+(d / "pid").write_text(str(lp.pid))
+os.kill(os.getpid(), 9)  # the harness dies without stopping its load
+"""
+
+
+def test_locust_dies_with_the_harness(server, run_dir):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = run_dir / "orphan.py"
+    script.write_text(ORPHAN_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), server.base_url, str(run_dir)],
+                         cwd=Path(__file__).resolve().parents[2], timeout=60, capture_output=True)
+    assert res.returncode == -9, res.stderr[-2000:]
+    pid = int((run_dir / "pid").read_text())
+    assert wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 15), \
+        "locust outlived the process that started it"
