@@ -222,5 +222,13 @@ def test_locust_dies_with_the_harness(server, run_dir):
                          cwd=Path(__file__).resolve().parents[2], timeout=60, capture_output=True)
     assert res.returncode == -9, res.stderr[-2000:]
     pid = int((run_dir / "pid").read_text())
-    assert wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 15), \
-        "locust outlived the process that started it"
+    try:
+        assert wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                        15), "locust outlived the process that started it"
+    finally:  # never leave the orphan behind, even when the check fails
+        try:
+            p = psutil.Process(pid)
+            if str(run_dir) in " ".join(p.environ().values()):
+                p.kill()
+        except psutil.Error:
+            pass
