@@ -30,6 +30,7 @@ from pydantic import Field, field_validator
 from faults.base import Evidence, Fault, FaultParams
 from harness.clock import now
 from harness.errors import FaultError
+from harness.stack.procs import CREATE_TIME_TOLERANCE_S
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def same_process(pid: int, create_time: float, cmdline: list[str] | None = None)
     psutil gives it) and, if given, ``cmdline``. Zombies count as gone (False)."""
     try:
         p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > 1e-3:
+        if abs(p.create_time() - create_time) > CREATE_TIME_TOLERANCE_S:
             return False
         if p.status() == psutil.STATUS_ZOMBIE:
             return False

@@ -126,7 +126,7 @@ def load_experiment(path: str | Path) -> Experiment:
             where = f"{path}: {loc}.provider.arguments"
             if "kind" not in args:
                 raise ExperimentError("inject_fault needs a 'kind'", where=where)
-            fault = make_fault(args["kind"], args.get("arguments") or {}, where=f"{where}.arguments")
+            fault = make_fault(args["kind"], args.get("arguments") or {}, where=where)
             server = getattr(fault.params, "server", None)
             if server is not None and server not in servers:
                 raise ExperimentError(f"unknown server '{server}'", where=f"{where}.arguments.server",

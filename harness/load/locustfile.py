@@ -25,8 +25,9 @@ Configuration (environment variables, all set by ``LocustProcess``):
 * ``SPECCHAOS_SEED``: seed of the per-user prompt orders (default 1234).
 * ``SPECCHAOS_IGNORE_EOS``: ``1``/``true`` to ask for ``ignore_eos`` (default off).
 
-Shutdown: locust's ``--stop-timeout`` lets a user finish the request in flight; a request
-still running when it expires is ended by locust (``GreenletExit``) and written as an error
+Shutdown: once locust starts stopping (``test_stopping``) no new request is sent; its
+``--stop-timeout`` lets a user finish the request in flight; a request still running when
+it expires is ended by locust (``GreenletExit``) and written as an error
 (``"other:GreenletExit"``), never as a success.
 """
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gevent
-from locust import User, task
+from locust import User, events, task
 from locust.exception import StopUser
 
 from harness.errors import LoadError
@@ -114,6 +115,16 @@ SETTINGS = settings_from_env(os.environ)  # fail at locust start, not at the fir
 _user_index = itertools.count()
 _sent = 0
 _quitting = False
+_stopping = False
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(**_kwargs) -> None:
+    """From now on no user starts a new request. Locust kills a user it found waiting,
+    but the kill lands late: without this, a user whose wait just ended would send one
+    more request and have it cut at once (a spurious error after the run's end)."""
+    global _stopping
+    _stopping = True
 
 
 class RequestFailed(Exception):
@@ -155,6 +166,8 @@ class StreamingCompletionUser(User):
     def complete(self) -> None:
         """Send one request, record it, and choose the next wait."""
         global _sent
+        if _stopping:
+            raise StopUser()
         if _sent >= SETTINGS.max_requests:
             _quit(self.environment)
             raise StopUser()

@@ -34,6 +34,12 @@ ROLE_PREFIXES: dict[str, tuple[str, ...]] = {
 }
 _TRACKER_MARK = "multiprocessing.resource_tracker"
 
+#: How far two readings of one process's start time (epoch seconds, psutil) may differ and
+#: still name the same process. psutil adds the boot time to the start ticks, and the boot
+#: time as an epoch instant moves when the wall clock is adjusted (seen here: two readings a
+#: few ms apart). A pid reused within one second would need a full wrap of pid_max.
+CREATE_TIME_TOLERANCE_S = 1.0
+
 
 def title_of(proc: psutil.Process) -> str:
     """The process title as ``ps`` shows it (its cmdline joined), or ``""`` if gone."""

@@ -26,6 +26,8 @@ import time
 
 import psutil
 
+from harness.stack.procs import CREATE_TIME_TOLERANCE_S
+
 _TRACKER_MARK = "multiprocessing.resource_tracker"
 
 
@@ -52,7 +54,7 @@ def kill_groups(groups: dict[int, float], tracker_grace_s: float = 3.0) -> None:
     todo = {}
     for pgid, ct in groups.items():
         try:
-            if abs(psutil.Process(pgid).create_time() - ct) > 0.01:
+            if abs(psutil.Process(pgid).create_time() - ct) > CREATE_TIME_TOLERANCE_S:
                 continue   # the id belongs to another process now: not ours
         except psutil.Error:
             pass           # leader gone: the group (if any member is left) is still ours

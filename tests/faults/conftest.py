@@ -21,6 +21,7 @@ import pytest
 from faults.inject import FaultContext, FaultInjector
 from faults.ledger import Ledger
 from harness.clock import now
+from harness.stack.procs import CREATE_TIME_TOLERANCE_S
 from harness.timeline import Timeline
 
 PROCTREE = Path(__file__).with_name("proctree.py")
@@ -56,7 +57,7 @@ class Started:
         for pid, ct in list(self.seen.items()):
             try:
                 p = psutil.Process(pid)
-                if abs(p.create_time() - ct) < 1e-3:
+                if abs(p.create_time() - ct) <= CREATE_TIME_TOLERANCE_S:
                     p.send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
@@ -218,7 +219,7 @@ def make_injector(tmp_path):
 def alive(pid: int, create_time: float) -> bool:
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - create_time) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE
+        return abs(p.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

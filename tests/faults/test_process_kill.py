@@ -1,12 +1,13 @@
 """process-kill against real process trees (proctree.py) with real signals."""
 
 import signal
+import time
 
 import psutil
 import pytest
 
 from faults.ledger import Ledger
-from faults.process_kill import send_signal_exact
+from faults.process_kill import cmdline_of, send_signal_exact
 from harness.errors import FaultError
 from harness.timeline import read_timeline
 
@@ -122,7 +123,10 @@ def test_pid_reuse_refuses_to_signal(started, make_injector, tmp_path, stale):
 def test_send_signal_exact_checks_identity(started):
     p = started.popen(["sleep", "30"])
     proc = psutil.Process(p.pid)
-    assert send_signal_exact(p.pid, proc.create_time() - 1, signal.SIGKILL) is False
+    deadline = time.monotonic() + 5   # right after exec, /proc/PID/cmdline can still read empty
+    while cmdline_of(proc) != ["sleep", "30"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert send_signal_exact(p.pid, proc.create_time() - 30, signal.SIGKILL) is False
     assert send_signal_exact(p.pid, proc.create_time(), signal.SIGKILL, ["sleep", "31"]) is False
     assert p.poll() is None
     assert send_signal_exact(p.pid, proc.create_time(), signal.SIGKILL, ["sleep", "30"]) is True

@@ -110,7 +110,7 @@ def test_error_backoff_bounds_the_request_rate(server, run_dir):
     time.sleep(3.0)
     assert lp.stop() == 0
     recs = read_records(lp.records_path)
-    assert recs and all(r.error == "http_500" and not r.ok for r in recs)
+    assert recs and all(r.error == "http_500" and not r.ok for r in recs), [(r.error, r.error_detail, r.e2e_s) for r in recs if r.error != "http_500"]
     span = max(r.send_time for r in recs) - min(r.send_time for r in recs)
     assert len(recs) <= 2 * (span / 0.5 + 1) + 1  # without backoff it would be hundreds
 
