@@ -28,15 +28,17 @@ models_app = typer.Typer(no_args_is_help=True, help="Tiny offline models for the
 app.add_typer(models_app, name="models")
 
 err = Console(stderr=True)
-out = Console()
+# Piped or captured (CI logs, `make run | tee`), rich would wrap the tables at 80 columns.
+out = Console() if Console().is_terminal else Console(width=140)
 
 
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     if verbose < 2:
-        for noisy in ("chaostoolkit", "httpx", "httpcore"):
-            logging.getLogger(noisy).setLevel(logging.WARNING if verbose == 0 else logging.INFO)
+        logging.getLogger("chaostoolkit").setLevel(logging.WARNING if verbose == 0 else logging.INFO)
+        for noisy in ("httpx", "httpcore"):   # one line per request: only with -vv
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _fail(exc: SpecchaosError) -> None:

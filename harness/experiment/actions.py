@@ -71,7 +71,7 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     """
     from harness.checks.recovery import first_slo_window_end
     from harness.load.records import read_records
-    from harness.metrics.phases import phase_metrics, phase_windows
+    from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
 
     s = sess.current()
     timeout = timeout_s if timeout_s is not None else s.cfg.phases.recovery_timeout_s
@@ -83,7 +83,8 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     while time.monotonic() - start < timeout:
         records = [r for r in read_records(s.records_path) if r.source == "load"]
         b0, b1 = windows.get("baseline", (fault_t, fault_t))
-        baseline = phase_metrics(records, b0, b1, s.cfg.slo)
+        members = assign_phases(records, windows).get("baseline") if "baseline" in windows else None
+        baseline = phase_metrics(records, b0, b1, s.cfg.slo, members=members)
         end_t = first_slo_window_end(records, since, baseline, s.cfg.recovery)
         if end_t is not None:
             break

@@ -189,16 +189,31 @@ def _scalar(v: Any) -> Any:
 
 
 def apply_strict_verdict(report: dict[str, Any], journal: dict | None) -> dict[str, Any]:
-    """Add the steady-state checks to ``report`` and recompute its verdict strictly."""
+    """Add the steady-state checks to ``report`` and recompute its verdict strictly.
+
+    A probe out of tolerance before or after the method is a failed check, so the verdict
+    is ``"fail"`` (exit 1) where Chaos Toolkit alone would exit 0 after a missed
+    pre-method hypothesis. Then the method never ran: the report gets ``method_skipped``
+    and "no fault was injected" is not counted as a run error.
+    """
     from harness.checks.base import CheckResult
     from harness.checks.verdict import verdict
+    from harness.report.judge import NO_FAULT_ERROR
 
     existing = {c["name"] for c in report.get("checks", [])}
-    report.setdefault("checks", []).extend(c for c in strict_checks(journal) if c["name"] not in existing)
+    strict = [c for c in strict_checks(journal) if c["name"] not in existing]
+    report.setdefault("checks", []).extend(strict)
+    if any(c["name"].startswith("steady_state.before.") and not c["passed"] for c in strict):
+        # Chaos Toolkit skips the method when the system is not steady before it: no fault
+        # was meant to run, so its absence is the consequence of this failure, not an error.
+        report["errors"] = [e for e in report.get("errors", []) if e != NO_FAULT_ERROR]
+        report["checks"] = [c for c in report["checks"] if c["name"] != "fault.injected"]
+        report["method_skipped"] = "steady-state hypothesis not met before the method"
     checks = [CheckResult(**{k: c.get(k, "") if k == "detail" else c.get(k)
                              for k in ("name", "category", "passed", "observed", "limit", "detail")})
               for c in report["checks"]]
-    acted = all(f.get("acted", False) for f in report.get("faults", [])) and bool(report.get("faults"))
+    acted = all(f.get("acted", False) for f in report.get("faults", [])) and (
+        bool(report.get("faults")) or "method_skipped" in report)
     report["verdict"] = verdict(checks, fault_acted=acted, errors=report.get("errors", []),
                                 interrupted=bool(report.get("interrupted")))
     return report

@@ -6,7 +6,7 @@ request) and :mod:`.phases` (per phase window).
 """
 
 from harness.metrics.latency import e2e_s, itl_chunk_s, itl_token_s, percentiles, tpot_s, ttft_s
-from harness.metrics.phases import PHASES, is_good, phase_metrics, phase_windows, records_in
+from harness.metrics.phases import PHASES, assign_phases, is_good, phase_metrics, phase_windows, records_in
 
 __all__ = [
     "ttft_s",
@@ -18,6 +18,7 @@ __all__ = [
     "PHASES",
     "phase_windows",
     "records_in",
+    "assign_phases",
     "phase_metrics",
     "is_good",
 ]

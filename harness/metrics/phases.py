@@ -20,7 +20,7 @@ from harness.experiment.config import SloConfig
 from harness.load.records import RequestRecord
 from harness.metrics.latency import e2e_s, itl_chunk_s, itl_token_s, percentiles, tpot_s, ttft_s
 
-__all__ = ["PHASES", "phase_windows", "records_in", "is_good", "phase_metrics"]
+__all__ = ["PHASES", "phase_windows", "records_in", "assign_phases", "is_good", "phase_metrics"]
 
 PHASES = ("baseline", "fault", "recovery", "after")
 
@@ -62,6 +62,37 @@ def records_in(records: Iterable[RequestRecord], start: float, end: float) -> li
     return [r for r in records if start <= r.send_time < end]
 
 
+def assign_phases(
+    records: Iterable[RequestRecord], windows: dict[str, tuple[float, float]]
+) -> dict[str, list[RequestRecord]]:
+    """The requests each phase answers for.
+
+    A request belongs to the phase whose window holds its ``send_time``, with one
+    exception: a request sent before the ``fault`` phase began and still in flight at
+    that instant (not ended before it; never ended included) belongs to ``fault``: the
+    fault acted on it, so its outcome (typically an error from the kill) is the fault's,
+    not the baseline's. Requests sent outside every window belong to none.
+
+    Args:
+        records: load records (any order).
+        windows: ``{phase: (start, end)}`` from :func:`phase_windows`.
+
+    Returns:
+        ``{phase: [records]}`` for every phase in ``windows`` (possibly empty lists).
+    """
+    out: dict[str, list[RequestRecord]] = {ph: [] for ph in windows}
+    fault_t = windows["fault"][0] if "fault" in windows else None
+    for r in records:
+        if fault_t is not None and r.send_time < fault_t and (r.end_time is None or r.end_time >= fault_t):
+            out["fault"].append(r)
+            continue
+        for ph, (t0, t1) in windows.items():
+            if t0 <= r.send_time < t1:
+                out[ph].append(r)
+                break
+    return out
+
+
 def is_good(r: RequestRecord, slo: SloConfig) -> bool:
     """Whether a complete request met every per-request SLO, as vLLM's ``--goodput``:
     TTFT ≤ ``slo.ttft_p95_s``, TPOT ≤ ``slo.tpot_p95_s`` and E2E ≤ ``slo.e2e_p95_s``.
@@ -85,7 +116,8 @@ def _rate(n: float, duration: float) -> float | None:
 
 
 def phase_metrics(
-    records: Iterable[RequestRecord], start: float, end: float, slo: SloConfig | None = None
+    records: Iterable[RequestRecord], start: float, end: float, slo: SloConfig | None = None,
+    members: Iterable[RequestRecord] | None = None,
 ) -> dict[str, Any]:
     """Metrics of one phase window ``[start, end)`` (epoch seconds).
 
@@ -93,31 +125,33 @@ def phase_metrics(
         records: every load record of the run (the window is applied here).
         start, end: the phase window (see :func:`phase_windows`).
         slo: per-request SLOs for goodput; ``None`` leaves ``goodput_rps`` as None.
+        members: the requests this phase answers for (see :func:`assign_phases`);
+            default: those sent inside the window (:func:`records_in`).
 
     Returns:
         A dict (seconds unless named otherwise)::
 
             start, end, duration_s
-            requests          requests sent in the window
+            requests          the phase's requests (``members``)
             complete          of those, complete (is_complete)
-            errors            requests sent in the window that are not complete
+            errors            of those, not complete
             error_rate        errors / requests (None without requests)
             ttft_s, tpot_s, e2e_s, itl_s (per token), itl_chunk_s (per chunk):
-                              {"p50","p95","p99"} over complete requests sent in the window
+                              {"p50","p95","p99"} over the phase's complete requests
             output_tokens     tokens of complete requests whose chunk ARRIVED in the window
                               (any send time: send_time + chunk_offsets_s)
             output_tokens_per_s   output_tokens / duration
             request_throughput_rps  complete requests / duration (vLLM's request throughput)
             goodput_rps       complete requests meeting every per-request SLO / duration
                               (vLLM's request goodput); None without ``slo``
-            mean_tokens_per_chunk   output tokens / output chunks over complete requests
-                              sent in the window (> 1 means speculative bundling)
+            mean_tokens_per_chunk   output tokens / output chunks over the phase's
+                              complete requests (> 1 means speculative bundling)
 
         Rates are None for an empty window (``end ≤ start``).
     """
     records = list(records)
     duration = float(end - start)
-    sent = records_in(records, start, end)
+    sent = records_in(records, start, end) if members is None else list(members)
     complete = [r for r in sent if is_complete(r)[0]]
     errors = len(sent) - len(complete)
 

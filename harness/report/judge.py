@@ -20,9 +20,12 @@ from harness.checks.verdict import verdict
 from harness.clock import now
 from harness.experiment.config import SpecchaosConfig
 from harness.load.records import RequestRecord, read_records
-from harness.metrics.phases import phase_metrics, phase_windows
+from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
 from harness.report.json_report import build_report, jsonable
 from harness.timeline import read_timeline
+
+#: The run error of a run whose method injected no fault.
+NO_FAULT_ERROR = "no fault was injected: the experiment tested nothing"
 
 __all__ = ["judge_run", "load_reference", "fault_summary", "count_restarts", "server_events"]
 
@@ -123,7 +126,8 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
     interrupted = bool(meta.get("interrupted"))
 
     windows = phase_windows(events)
-    phases = {ph: phase_metrics(records, t0, t1, cfg.slo) for ph, (t0, t1) in windows.items()}
+    members = assign_phases(records, windows)
+    phases = {ph: phase_metrics(records, t0, t1, cfg.slo, members=members[ph]) for ph, (t0, t1) in windows.items()}
 
     faults = fault_summary(events)
     fault_time = faults[0]["injected_at"] if faults else None
@@ -131,7 +135,7 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
     checks: list[CheckResult] = []
     if not faults:
         checks.append(CheckResult("fault.injected", "fault", False, 0, 1, "no fault was injected: nothing was tested"))
-        errors.append("no fault was injected: the experiment tested nothing")
+        errors.append(NO_FAULT_ERROR)
     for f in faults:
         detail = ((f.get("evidence") or {}).get("detail") or "") if isinstance(f.get("evidence"), dict) else ""
         checks.append(CheckResult(f"fault.{f['fault_id']}.acted", "fault", f["acted"], f["acted"], True,

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.experiment.config import SloConfig
-from harness.metrics.phases import PHASES, is_good, phase_metrics, phase_windows, records_in
+from harness.metrics.phases import PHASES, assign_phases, is_good, phase_metrics, phase_windows, records_in
 from tests.factories import cut, ev, fail, make_record, phase_events
 
 STARTS = {"baseline": 100.0, "fault": 130.0, "recovery": 150.0, "after": 170.0}
@@ -123,3 +123,25 @@ def test_goodput_as_vllm():
     m = phase_metrics(rs, 100.0, 110.0, slo)
     assert m["goodput_rps"] == pytest.approx(0.2)
     assert m["request_throughput_rps"] == pytest.approx(0.5)
+
+
+def test_assign_phases_gives_requests_in_flight_at_the_fault_to_the_fault():
+    windows = {"baseline": (100.0, 130.0), "fault": (130.0, 140.0), "recovery": (140.0, 150.0)}
+    done_before = make_record(send_time=120.0, ttft=0.1)                       # ends 120.3
+    cut_by_kill = fail(send_time=129.9, after_s=0.3)                           # ends 130.2: in flight
+    never_ended = fail(send_time=125.0, after_s=None)                           # hung: in flight
+    in_fault = fail(send_time=131.0)
+    in_recovery = make_record(send_time=145.0)
+    before_all = make_record(send_time=50.0)
+    got = assign_phases([done_before, cut_by_kill, never_ended, in_fault, in_recovery, before_all], windows)
+    assert got["baseline"] == [done_before]
+    assert got["fault"] == [cut_by_kill, never_ended, in_fault]
+    assert got["recovery"] == [in_recovery]
+    m = phase_metrics([], 100.0, 130.0, members=got["baseline"])
+    assert m["requests"] == 1 and m["errors"] == 0
+
+
+def test_assign_phases_without_a_fault_is_by_send_time():
+    windows = {"baseline": (100.0, 130.0), "after": (130.0, 140.0)}
+    straddling = make_record(send_time=129.95, ttft=0.1)
+    assert assign_phases([straddling], windows) == {"baseline": [straddling], "after": []}
