@@ -98,15 +98,25 @@ def is_resource_tracker(proc: psutil.Process) -> bool:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids currently in process group ``pgid``."""
+    """Pids of the live (not zombie) processes currently in process group ``pgid``."""
     out = []
-    for pid in psutil.pids():
+    for p in psutil.process_iter():
         try:
-            if os.getpgid(pid) == pgid:
-                out.append(pid)
-        except OSError:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (OSError, psutil.Error):
             continue
     return out
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> list[int]:
+    """Wait until process group ``pgid`` has no live member; returns the pids left."""
+    deadline = time.monotonic() + timeout_s
+    left = group_members(pgid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = group_members(pgid)
+    return left
 
 
 def wait_gone(procs: Iterable[psutil.Process], timeout_s: float) -> list[psutil.Process]:
@@ -129,7 +139,8 @@ def kill_tree(procs: Iterable[psutil.Process], pgid: int | None = None, timeout_
     ``pgid`` are killed. Signals are pid-reuse safe (psutil checks the create time).
 
     Returns:
-        Processes still alive after ``timeout_s`` seconds (normally empty).
+        Processes still alive after ``timeout_s`` seconds (normally empty): of the
+        captured tree, and any live member left in group ``pgid``.
     """
     procs = [p for p in procs if alive(p)]
     trackers = [p for p in procs if is_resource_tracker(p)]
@@ -148,7 +159,19 @@ def kill_tree(procs: Iterable[psutil.Process], pgid: int | None = None, timeout_
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    return wait_gone(others + trackers, timeout_s)
+    left = wait_gone(others + trackers, timeout_s)
+    if pgid is not None and wait_group_gone(pgid, timeout_s):
+        # Members outside the captured tree (e.g. started after the snapshot) that
+        # survived SIGKILL: report them too.
+        left += [p for p in (_process(pid) for pid in group_members(pgid)) if p is not None and p not in left]
+    return left
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 _PR_SET_PDEATHSIG = 1

@@ -96,7 +96,7 @@ def test_fault_recorded_with_evidence(default_run):
     assert f["injected_at"] > 0 and f["cleared_at"] >= f["injected_at"]
     assert rep["restarts"] >= 1
     ledger = [json.loads(l) for l in (default_run["out"] / "ledger.jsonl").read_text().splitlines()]
-    assert ledger and ledger[0]["state"] == "intended", "the ledger must record intent before acting"
+    assert ledger and ledger[0]["event"] == "intended", "the ledger must record intent before acting"
 
 
 def test_recovery_measured(default_run):

@@ -181,7 +181,7 @@ def test_stop_leaves_no_process(real_stack):
     print(f"\n[measure] stack stop took {time.monotonic() - t0:.1f} s")
     for name, tree in trees.items():
         assert procs.wait_gone(tree, 10) == [], name
-        assert procs.group_members(pgids[name]) == [], name
+        assert procs.wait_group_gone(pgids[name], 10) == [], name
         assert not st.servers[name].is_up()
     exits = tl.select(event="server_exited", expected=True)
     assert {e["server"] for e in exits} == {"spec", "ref"}
