@@ -117,7 +117,9 @@ def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where t
     except SpecchaosError as exc:
         _fail(exc)
         return
-    out.print(f"models ready in {dir}: {info}", highlight=False)
+    names = ", ".join(sorted((info.get("models") or {}).keys()))
+    out.print(f"models ready in {dir}: {names} (seed {info.get('seed')}, vocab {info.get('vocab_size')})",
+              highlight=False)
 
 
 @app.command()
@@ -127,17 +129,31 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
     from faults.cleanup import cleanup as do_cleanup
 
     res = do_cleanup(state_dir, force=force)
-    out.print(f"cleanup: {res}", highlight=False)
+    out.print(f"cleanup: {res['runs']} crashed run(s) cleaned; killed {len(res['killed'])} process(es)"
+              f"{' ' + str(res['killed']) if res['killed'] else ''}; reverted {len(res['faults_reverted'])} fault(s)"
+              f"{'; skipped live run(s): ' + ', '.join(res['skipped_live_runs']) if res['skipped_live_runs'] else ''}",
+              highlight=False)
+    for e in res["errors"]:
+        err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)
+    if res["errors"]:
+        raise typer.Exit(2)
 
 
 def main() -> None:
     """Console-script entry point."""
     try:
-        app()
-    except SpecchaosError as exc:  # pragma: no cover - commands catch their own
-        err.print(f"specchaos: error: {exc.one_line()}", markup=False)
+        app()   # standalone: click prints usage errors and exits 2 itself
+    except SpecchaosError as exc:  # commands catch their own; this is the safety net
+        err.print(f"specchaos: error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-
+    except KeyboardInterrupt:
+        err.print("specchaos: error: interrupted", highlight=False)
+        sys.exit(2)
+    except Exception as exc:  # a bug: still one line and exit 2 (never 1, which means "fail")
+        logging.getLogger("specchaos").debug("unexpected error", exc_info=True)
+        err.print(f"specchaos: internal error: {type(exc).__name__}: {exc} (-vv shows the traceback)",
+                  markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
 
 if __name__ == "__main__":
     main()

@@ -66,12 +66,13 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
                 missing if m is None else "no request sent")
         )
 
-    m = phases.get("fault")
-    er = None if m is None else m.get("error_rate")
-    out.append(
-        _le("degradation.fault.error_rate", "degradation", er, deg.fault_max_error_rate, "fault-phase error rate",
-            "phase 'fault' never ran" if m is None else "no request sent")
-    )
+    if deg.fault_max_error_rate is not None:
+        m = phases.get("fault")
+        er = None if m is None else m.get("error_rate")
+        out.append(
+            _le("degradation.fault.error_rate", "degradation", er, deg.fault_max_error_rate, "fault-phase error rate",
+                "phase 'fault' never ran" if m is None else "no request sent")
+        )
 
     base, after = phases.get("baseline"), phases.get("after")
     for short, key in _RATIO_METRICS:

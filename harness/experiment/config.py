@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import ExperimentError
 
@@ -61,6 +61,12 @@ class StackConfig(_Strict):
             raise ValueError("must be a loopback address (127.0.0.0/8, ::1 or localhost)")
         return v
 
+    @model_validator(mode="after")
+    def _two_ports(self) -> "StackConfig":
+        if self.reference and self.spec_port and self.spec_port == self.ref_port:
+            raise ValueError(f"spec_port and ref_port are both {self.spec_port}: use two ports (or 0 for a free one)")
+        return self
+
 
 class LoadConfig(_Strict):
     """Streaming load driven by locust (closed loop: each user sends, waits, sends again)."""
@@ -105,7 +111,9 @@ class SloConfig(_Strict):
 class DegradationConfig(_Strict):
     """How far things may move while the fault acts, and how close 'after' must come back."""
 
-    fault_max_error_rate: float = Field(1.0, ge=0, le=1)
+    #: Highest error rate allowed while the fault acts; None (default) = not judged (a
+    #: killed server fails every request until it is back, so no limit fits every fault).
+    fault_max_error_rate: float | None = Field(None, ge=0, le=1)
     after_vs_baseline_max_ratio: float = Field(2.0, gt=0)
     min_requests_per_phase: int = Field(3, ge=1)
 
@@ -157,4 +165,5 @@ def parse_config(raw: dict | None, where: str = "configuration.specchaos") -> Sp
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise ExperimentError(f"{err['msg']}", where=f"{where}.{loc}" if loc else where) from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where) from None

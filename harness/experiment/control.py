@@ -48,13 +48,14 @@ def configure_control(configuration: dict | None = None, experiment: dict | None
 def before_experiment_control(context: dict, configuration: dict | None = None, **_: Any) -> None:
     """Start everything and run warm-up + baseline. Raises InterruptExecution on failure."""
     s = sess.current()
+    _note_sigterm(s)
     try:
         s.start()
     except SpecchaosError as exc:
         s.errors.append(exc.one_line())
         raise InterruptExecution(exc.one_line()) from exc
     except (KeyboardInterrupt, InterruptExecution, SystemExit):
-        s.interrupted = True
+        s.note_interrupt("a signal")
         raise
     except Exception as exc:  # a bug, but the run must still end cleanly and say why
         log.exception("starting the experiment failed")
@@ -69,10 +70,30 @@ def after_experiment_control(context: dict, state: dict | None = None, configura
     if s is None:
         return
     with signals_deferred():
-        if state and state.get("status") == "interrupted":
-            s.interrupted = True
+        if state and state.get("status") == "interrupted" and not s.errors:
+            s.note_interrupt("a signal")
         s.close()
         s.judge(journal=state)
+
+
+def _note_sigterm(s: "sess.Session") -> None:
+    """Chain a SIGTERM handler that records the signal on the session before Chaos
+    Toolkit's own handler interrupts the experiment (Chaos Toolkit restores its
+    predecessor when the run ends). Main thread only."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        s.note_interrupt("SIGTERM")
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 @contextmanager

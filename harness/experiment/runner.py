@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,7 +100,7 @@ def load_experiment(path: str | Path) -> Experiment:
     from chaoslib.exceptions import ChaosException
     from chaoslib.experiment import ensure_experiment_is_valid
 
-    from faults.registry import make_fault
+    from faults.registry import fault_class, make_fault
 
     path = Path(path)
     doc = parse_file(path)
@@ -126,20 +128,31 @@ def load_experiment(path: str | Path) -> Experiment:
             where = f"{path}: {loc}.provider.arguments"
             if "kind" not in args:
                 raise ExperimentError("inject_fault needs a 'kind'", where=where)
+            fault_class(args["kind"], where=f"{where}.kind")
             fault = make_fault(args["kind"], args.get("arguments") or {}, where=where)
             server = getattr(fault.params, "server", None)
             if server is not None and server not in servers:
                 raise ExperimentError(f"unknown server '{server}'", where=f"{where}.arguments.server",
                                       hint=f"known: {', '.join(sorted(servers))}")
 
+    from harness.errors import ModelError
     from harness.stack.models import resolve_model
 
-    resolve_model(cfg.stack.models_dir, cfg.stack.target)
+    def check_model(field_name: str) -> None:
+        name = getattr(cfg.stack, field_name)
+        try:
+            resolve_model(cfg.stack.models_dir, name)
+        except ModelError as exc:
+            raise ModelError(f"{field_name} model {name!r} not found in models_dir {cfg.stack.models_dir!r} "
+                             f"(looked at {exc.where})", where=f"{path}: configuration.specchaos.stack.{field_name}",
+                             hint=exc.hint) from None
+
+    check_model("target")
     if cfg.stack.method == "draft_model":
         if not cfg.stack.draft:
             raise ExperimentError("method draft_model needs a draft model",
                                   where=f"{path}: configuration.specchaos.stack.draft")
-        resolve_model(cfg.stack.models_dir, cfg.stack.draft)
+        check_model("draft")
     for field in ("spec_port", "ref_port"):
         port = getattr(cfg.stack, field)
         if port and port_in_use(cfg.stack.host, port):
@@ -235,21 +248,27 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
     from harness.report.json_report import write_report
 
     exp = load_experiment(path)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir)
+    s = sess.open_session(sess.RunInfo(title=exp.title, source=str(exp.path), out_dir=out, cfg=exp.cfg))
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
-    s = sess.open_session(sess.RunInfo(title=exp.title, source=str(exp.path), out_dir=out, cfg=exp.cfg))
     journal: dict | None = None
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        s.note_interrupt("SIGINT")
+        raise KeyboardInterrupt
+
+    previous_sigint = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
     try:
         journal = run_experiment(exp.doc, settings={"runtime": {"rollbacks": {"strategy": "always"}}})
     except (KeyboardInterrupt, SystemExit):
-        s.interrupted = True
-        s.errors.append("interrupted by a signal")
+        s.note_interrupt("a signal")
     except Exception as exc:
         log.exception("the experiment runner failed")
         s.errors.append(f"runner failed: {type(exc).__name__}: {exc}")
     finally:
+        if previous_sigint is not None:
+            signal.signal(signal.SIGINT, previous_sigint)
         with signals_deferred():
             if journal is not None:
                 (out / "journal.json").write_text(json.dumps(journal, indent=2, default=str))
@@ -260,29 +279,76 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
     return EXIT_CODES.get(report["verdict"], 2), report
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create the run directory (``--out``) or check that an existing one is usable.
+
+    Raises:
+        SpecchaosError: it exists and is not a directory, or cannot be created/written.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SpecchaosError("the output path exists and is not a directory", where=f"--out {out}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".specchaos-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise SpecchaosError(f"cannot write the output directory: {exc.strerror or exc}",
+                             where=f"--out {out}") from None
+    return out
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecchaosError(f"unreadable {what}: {exc}", where=str(path)) from None
+
+
 def rejudge(run_dir: str | Path) -> dict[str, Any]:
     """Re-judge a finished run from its saved data (``specchaos report DIR``): the
     checks are pure functions of ``records.jsonl``, ``reference.jsonl``, ``timeline.jsonl``
-    and the saved ``config.json``/``journal.json``; the report is rewritten.
+    and the saved ``config.json``/``journal.json``/``run.json``; the report is
+    rewritten. Idempotent: re-judging twice gives the same report.
 
     Raises:
-        SpecchaosError: the directory lacks the saved run data.
+        SpecchaosError: the directory lacks the saved run data, or a saved file is
+            unreadable or invalid (named with its field).
     """
+    from pydantic import ValidationError
+
     from harness.report.judge import judge_run
     from harness.report.json_report import write_report
 
     d = Path(run_dir)
     if not (d / "config.json").is_file() or not (d / "timeline.jsonl").is_file():
         raise SpecchaosError("not a specchaos run directory (config.json or timeline.jsonl missing)", where=str(d))
-    cfg = SpecchaosConfig.model_validate_json((d / "config.json").read_text())
-    journal = json.loads((d / "journal.json").read_text()) if (d / "journal.json").is_file() else None
-    old = json.loads((d / "report.json").read_text()) if (d / "report.json").is_file() else {}
-    from harness.experiment.session import journal_errors, steady_state_summary
+    try:
+        cfg = SpecchaosConfig.model_validate(_read_json(d / "config.json", "run configuration"))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_path = ".".join(str(p) for p in err["loc"])
+        raise SpecchaosError(err["msg"], where=f"{d / 'config.json'}: {field_path}") from None
+    journal = _read_json(d / "journal.json", "Chaos Toolkit journal") if (d / "journal.json").is_file() else None
+    if (d / "run.json").is_file():
+        meta = _read_json(d / "run.json", "run metadata")
+    else:   # a run directory from before run.json existed
+        from harness.experiment.session import journal_errors, steady_state_summary
 
-    meta = {"experiment": old.get("experiment", d.name), "stack": old.get("stack", {}),
-            "errors": [e for e in old.get("errors", [])] or journal_errors(journal),
-            "interrupted": bool(old.get("interrupted")),
-            "journal_status": (journal or {}).get("status"), "steady_state": steady_state_summary(journal)}
-    report = apply_strict_verdict(judge_run(d, cfg, meta), journal)
+        doc = _read_json(d / "experiment.json", "experiment") if (d / "experiment.json").is_file() else {}
+        old = _read_json(d / "report.json", "report") if (d / "report.json").is_file() else {}
+        meta = {"experiment": doc.get("title", d.name), "stack": old.get("stack") or {},
+                "errors": journal_errors(journal),
+                "interrupted": bool(journal and journal.get("status") == "interrupted"),
+                "journal_status": (journal or {}).get("status"), "steady_state": steady_state_summary(journal)}
+    if journal is None and not meta.get("interrupted") and not meta.get("errors"):
+        # No journal and nothing said why: the harness itself died (e.g. SIGKILL).
+        meta["errors"] = ["the run ended without a journal: the harness was killed before it finished"]
+    report = apply_strict_verdict(judge_run(d, cfg, dict(meta)), journal)
     write_report(d / "report.json", report)
     return report

@@ -35,6 +35,11 @@ from harness.timeline import Timeline
 log = logging.getLogger(__name__)
 
 
+#: Files of a run directory that a new run replaces (besides ``logs/*.log``).
+RUN_FILES = ("records.jsonl", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
+             "journal.json", "probes.jsonl", "prompts.json", "config.json", "experiment.json")
+
+
 @dataclass
 class RunInfo:
     """What the runner knows before anything starts."""
@@ -91,11 +96,14 @@ class Session:
         self.out_dir = info.out_dir
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "logs").mkdir(exist_ok=True)
-        for name in ("records.jsonl", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json"):
+        for name in RUN_FILES:   # results of an earlier run in the same directory
             (self.out_dir / name).unlink(missing_ok=True)
+        for old_log in (self.out_dir / "logs").glob("*.log"):
+            old_log.unlink(missing_ok=True)
         self.timeline = Timeline(self.out_dir / "timeline.jsonl")
         self.errors: list[str] = []
         self.interrupted = False
+        self.phase: str | None = None
         self.stack = None
         self.load = None
         self.health: HealthSampler | None = None
@@ -111,6 +119,7 @@ class Session:
         self.run_state = RunState(self.out_dir, ledger=self.out_dir / "ledger.jsonl")
         set_current(self.run_state)
         self.injector = FaultInjector(FaultContext(stack=None, timeline=self.timeline, ledger=self.ledger))
+        self.write_meta()   # so a run killed with SIGKILL can still be re-judged
 
     # ------------------------------------------------------------------ paths
     @property
@@ -178,7 +187,17 @@ class Session:
     def mark_phase(self, phase: str) -> None:
         """Mark the start of a phase (baseline, fault, recovery, after) on the timeline."""
         log.info("phase: %s", phase)
+        self.phase = phase
         self.timeline.emit("runner", "phase_start", phase=phase)
+
+    def note_interrupt(self, signal_name: str) -> None:
+        """Record that a signal interrupted the run (first one wins): the run's first error
+        names the signal and the phase it hit. Safe to call from a signal handler."""
+        if self.interrupted and any(e.startswith("interrupted by ") for e in self.errors):
+            return
+        self.interrupted = True
+        where = f"the {self.phase} phase" if self.phase else "start-up (before the baseline)"
+        self.errors.insert(0, f"interrupted by {signal_name} during {where}")
 
     def sleep(self, seconds: float) -> None:
         """Sleep in small steps; raises LoadError if the load generator died meanwhile."""
@@ -237,14 +256,25 @@ class Session:
             "source": self.info.source,
             "stack": self.stack_info(),
             "errors": list(self.errors) + journal_errors(journal),
-            "interrupted": self.interrupted or bool(journal and journal.get("status") == "interrupted"),
+            "interrupted": self.interrupted,   # by a signal (Chaos Toolkit also says "interrupted" after a failed start)
             "journal_status": journal.get("status") if journal else None,
             "steady_state": steady_state_summary(journal),
         })
+        self.write_meta(meta)
         report = judge_run(self.out_dir, self.cfg, meta)
         write_report(self.out_dir / "report.json", report)
         self.report = report
         return report
+
+    def write_meta(self, meta: dict[str, Any] | None = None) -> None:
+        """Write ``run.json``: what the runner knows beyond the recorded data (title,
+        source, stack, run errors, interruption, steady-state outcome), for
+        ``specchaos report`` to re-judge the run exactly as it was judged."""
+        if meta is None:
+            meta = dict(self.info.meta, experiment=self.info.title, source=self.info.source,
+                        stack=self.stack_info(), errors=list(self.errors), interrupted=self.interrupted,
+                        journal_status=None, steady_state={})
+        (self.out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
 
     def stack_info(self) -> dict[str, Any]:
         if self.stack is not None:

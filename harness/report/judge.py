@@ -26,6 +26,7 @@ from harness.timeline import read_timeline
 
 #: The run error of a run whose method injected no fault.
 NO_FAULT_ERROR = "no fault was injected: the experiment tested nothing"
+NO_FAULT_BEFORE_INTERRUPT = "no fault was injected before the interruption"
 
 __all__ = ["judge_run", "load_reference", "fault_summary", "count_restarts", "server_events"]
 
@@ -133,15 +134,19 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
     fault_time = faults[0]["injected_at"] if faults else None
 
     checks: list[CheckResult] = []
+    # After an interruption, a missing fault or missing evidence is its consequence: say so
+    # rather than blame the fault (the interruption itself is the run's first error).
     if not faults:
         checks.append(CheckResult("fault.injected", "fault", False, 0, 1, "no fault was injected: nothing was tested"))
-        errors.append(NO_FAULT_ERROR)
+        errors.append(NO_FAULT_BEFORE_INTERRUPT if interrupted else NO_FAULT_ERROR)
     for f in faults:
         detail = ((f.get("evidence") or {}).get("detail") or "") if isinstance(f.get("evidence"), dict) else ""
         checks.append(CheckResult(f"fault.{f['fault_id']}.acted", "fault", f["acted"], f["acted"], True,
                                   f"{f['kind']} on {f['target']}: " + (detail or ("acted" if f["acted"] else "no evidence it acted"))))
         if not f["acted"]:
-            errors.append(f"fault {f['fault_id']} ({f['kind']} on {f['target']}) left no evidence that it acted"
+            what = "its evidence was not collected before the interruption" if interrupted else \
+                "left no evidence that it acted"
+            errors.append(f"fault {f['fault_id']} ({f['kind']} on {f['target']}) {what}"
                           + (f": {detail}" if detail else ""))
 
     checks += slo_checks(phases, cfg.slo, cfg.degradation)

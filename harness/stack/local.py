@@ -24,7 +24,10 @@ No orphans: each server runs in its own session (process group). Its API process
 even on SIGKILL; vLLM's engine and worker do not follow their parent, so a watchdog
 process (:mod:`harness.stack.reaper`) kills the groups still registered when the harness
 is gone. :meth:`LocalServer.stop` terminates the API server, then SIGKILLs the whole
-tree and group; an ``atexit`` hook stops servers still running at interpreter exit;
+tree and group (a server not ready yet gets only :data:`STOP_GRACE_NOT_READY_S`: vLLM
+ignores SIGTERM while it loads, and there is nothing to drain); :meth:`LocalStack.stop`
+signals every server before waiting for any, so the waits overlap; an ``atexit`` hook
+stops servers still running at interpreter exit;
 every pid (api, engine, worker) is registered in the run state (:mod:`harness.state`)
 for ``specchaos cleanup``.
 
@@ -73,6 +76,11 @@ _WATCH_S = 0.2           # exit detection latency while running
 _SNAPSHOT_S = 2.0        # how often the process tree is re-captured while running
 _PORT_FREE_TIMEOUT_S = 30.0
 _PROBE_PROMPT = "The quick server"
+
+#: Seconds a server that is not ready in its current incarnation (still starting, or
+#: restarting) gets after SIGTERM before its tree and process group are SIGKILLed. vLLM
+#: ignores SIGTERM while it loads and compiles, and such a server has no requests in flight.
+STOP_GRACE_NOT_READY_S = 3.0
 
 
 def vllm_distribution() -> tuple[str, str] | None:
@@ -155,6 +163,9 @@ class LocalServer:
         timeline: where ``stack`` events go (None: nowhere).
         restart: supervisor policy (:class:`~harness.experiment.config.RestartPolicy`).
         startup_timeout_s: longest wait for one incarnation to become ready.
+        stop_grace_not_ready_s: how long :meth:`stop` waits after SIGTERM before killing
+            the tree when the current incarnation is not ready (default
+            :data:`STOP_GRACE_NOT_READY_S`; a ready server gets the full ``timeout_s``).
 
     Attributes ``incarnation`` (0 first, +1 per restart) and ``restarts`` (one
     ``{"t": epoch s of the restart, "exited_at": epoch s, "returncode": int,
@@ -181,6 +192,7 @@ class LocalServer:
         timeline: Timeline | None = None,
         restart: Any = None,
         startup_timeout_s: float = 300.0,
+        stop_grace_not_ready_s: float = STOP_GRACE_NOT_READY_S,
     ):
         from harness.experiment.config import RestartPolicy
 
@@ -203,6 +215,7 @@ class LocalServer:
         self.timeline = timeline
         self.restart = restart if restart is not None else RestartPolicy()
         self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_not_ready_s = stop_grace_not_ready_s
 
         host_in_url = f"[{host}]" if ":" in host else host
         self.base_url = f"http://{host_in_url}:{self.port}"
@@ -220,6 +233,8 @@ class LocalServer:
         self._state = "new"   # new|starting|ready|restarting|failed|gave_up|stopped
         self._start_error: SpecchaosError | None = None
         self._stop_requested = threading.Event()
+        self._stop_t0: float | None = None       # monotonic time of the SIGTERM
+        self._stop_was_ready = False               # current incarnation ready at that moment
         self._stopped = threading.Event()
         self._first_spawn = threading.Event()
         self._exit_emitted: set[int] = set()
@@ -349,7 +364,9 @@ class LocalServer:
 
         SIGTERM to the API process, up to ``timeout_s`` for it to exit (vLLM shuts its
         engine down), then SIGKILL to every process of the tree captured before and to
-        its process group. Safe to call from a signal handler or ``atexit``.
+        its process group. If the current incarnation was not ready when the stop was
+        requested (starting or restarting) the wait is at most ``stop_grace_not_ready_s``
+        instead. Safe to call from a signal handler or ``atexit``.
         """
         self._request_stop()
         self._finish_stop(timeout_s)
@@ -359,10 +376,17 @@ class LocalServer:
 
     # ------------------------------------------------------------------ stopping
     def _request_stop(self) -> None:
-        """Mark stopping (no more restarts) and send SIGTERM to the API process."""
+        """Mark stopping (no more restarts) and send SIGTERM to the API process.
+
+        Remembers when, and whether the current incarnation was ready then: the grace
+        :meth:`_finish_stop` allows runs from this moment.
+        """
         with self._cond:
             if self._stop_requested.is_set():
                 return
+            # Under the lock: _await_ready marks "ready" under it too, after checking for stop.
+            self._stop_was_ready = self._state == "ready" and self.incarnation in self._ready_at
+            self._stop_t0 = time.monotonic()
             self._stop_requested.set()
             popen = self._popen
             self._capture_tree()
@@ -370,16 +394,28 @@ class LocalServer:
             with contextlib.suppress(OSError):
                 popen.send_signal(signal.SIGTERM)
 
+    def _grace_s(self, timeout_s: float) -> float:
+        """How long after the SIGTERM the API process may take to exit."""
+        return timeout_s if self._stop_was_ready else min(timeout_s, self.stop_grace_not_ready_s)
+
     def _finish_stop(self, timeout_s: float) -> None:
+        """Wait for the API process to exit, at most the grace counted from the SIGTERM
+        (so servers signalled together wait together), then kill its tree and group."""
         with self._cond:
             if self._stopped.is_set():
                 return
             popen, inc, victims = self._popen, self.incarnation, list(self._snapshot)
+            grace = self._grace_s(timeout_s)
+            t0 = self._stop_t0 if self._stop_t0 is not None else time.monotonic()
         if popen is not None:
             try:
-                popen.wait(timeout_s)
+                popen.wait(max(0.0, t0 + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("server %s did not exit %.0f s after SIGTERM; killing its tree", self.name, timeout_s)
+                if self._stop_was_ready:
+                    log.warning("server %s did not exit %.0f s after SIGTERM; killing its tree", self.name, grace)
+                else:
+                    log.info("server %s was not ready yet and did not exit %.0f s after SIGTERM; killing its tree",
+                             self.name, grace)
             left = procs.kill_tree(victims + ([self._api] if self._api else []), pgid=popen.pid)
             if left:
                 log.error("server %s: processes still alive after SIGKILL: %s", self.name, [p.pid for p in left])
@@ -742,14 +778,24 @@ class LocalStack:
         picked = iter(free_ports(cfg.host, len(zeros))) if zeros else iter(())
         return {n: (p or next(picked)) for n, p in wanted.items()}
 
-    def stop(self) -> None:
-        """Stop every server (concurrently) and their process trees. Idempotent."""
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop every server and their process trees, concurrently. Idempotent.
+
+        Every server gets its SIGTERM first; then each is finished in turn, its grace
+        (``timeout_s`` when ready, :data:`STOP_GRACE_NOT_READY_S` while starting or
+        restarting) counted from its own SIGTERM, so the waits overlap: stopping takes
+        about the longest grace, not their sum. Runs in the calling thread and starts
+        no threads: safe from a signal handler or ``atexit``, as before.
+        """
         with self._lock:
             servers = list(self.servers.values())
+        pending = [s for s in servers if not s._stop_requested.is_set()]
+        if pending:
+            log.info("stopping the stack: %s", ", ".join(s.name for s in pending))
         for s in servers:
             s._request_stop()
         for s in servers:
-            s._finish_stop(20.0)
+            s._finish_stop(timeout_s)
 
     def __enter__(self) -> "LocalStack":
         self.start()

@@ -109,6 +109,11 @@ def test_missing_phase_fails_never_passes_vacuously(missing):
         assert not c["degradation.fault.error_rate"].passed
 
 
+def test_fault_error_rate_is_not_judged_without_a_limit():
+    deg = DegradationConfig(after_vs_baseline_max_ratio=1.5, min_requests_per_phase=3)
+    assert "degradation.fault.error_rate" not in by_name(slo_checks(healthy(), SLO, deg))
+
+
 def test_no_phases_at_all_everything_fails():
     checks = slo_checks({}, SLO, DEG)
     assert checks and not any(c.passed for c in checks)

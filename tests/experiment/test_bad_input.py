@@ -83,7 +83,7 @@ def test_unknown_fault(tmp_path, no_new_processes, models_built):
     d = doc()
     d["method"][0]["provider"]["arguments"]["kind"] = "process-explode"
     res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
-    assert_one_line_error(res, "process-explode", "method[0]", "process-kill")
+    assert_one_line_error(res, "process-explode", "method[0].provider.arguments.kind", "process-kill")
     assert not (tmp_path / "o" / "ledger.jsonl").exists()
 
 
@@ -112,7 +112,37 @@ def test_missing_models(tmp_path, no_new_processes):
     d = doc()
     d["configuration"]["specchaos"]["stack"]["models_dir"] = str(tmp_path / "no-models")
     res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
-    assert_one_line_error(res, "no-models", "models build")
+    assert_one_line_error(res, "no-models", "models build", f"{tmp_path}/exp.yaml: configuration.specchaos.stack.target")
+
+
+def test_missing_draft_names_the_draft_field(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["draft"] = "draft-nothere"
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.stack.draft", "draft-nothere")
+
+
+def test_same_port_for_both_servers(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"].update(spec_port=45999, ref_port=45999)
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.stack", "both 45999")
+
+
+def test_output_path_that_is_a_file(tmp_path, no_new_processes, models_built):
+    (tmp_path / "afile").write_text("x")
+    res = cli("run", str(write(tmp_path, doc())), "--out", str(tmp_path / "afile"))
+    assert_one_line_error(res, "--out", "not a directory")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_report_on_a_bad_run_directory(tmp_path):
+    assert_one_line_error(cli("report", str(tmp_path)), "not a specchaos run directory")
+    (tmp_path / "timeline.jsonl").write_text("")
+    (tmp_path / "config.json").write_text('{"slo": {"ttft_p95_s": "fast"}}')
+    assert_one_line_error(cli("report", str(tmp_path)), "config.json: slo.ttft_p95_s")
+    (tmp_path / "config.json").write_text('{"slo": ')
+    assert_one_line_error(cli("report", str(tmp_path)), "config.json", "unreadable")
 
 
 def test_port_in_use(tmp_path, no_new_processes, models_built):

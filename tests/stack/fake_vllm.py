@@ -4,7 +4,13 @@ Answers ``GET /health`` (200) and ``POST /v1/completions`` (a fixed 2-token comp
 starts a child titled ``VLLM::EngineCore`` that starts ``VLLM::Worker`` (both ignore
 their parent's death, like vLLM's), and exits on ``POST /exit?code=N`` or SIGTERM.
 
-Usage: ``python fake_vllm.py --port P [--crash MESSAGE] [--ready-after S] [--no-bind-check]``
+Usage: ``python fake_vllm.py --port P [--crash MESSAGE] [--ready-after S] [--no-bind-check]
+[--ignore-sigterm] [--term-delay S]``
+
+``--ignore-sigterm``: from the first instant, SIGTERM is logged (``fake vllm ignoring
+SIGTERM``) and ignored, like vLLM while it loads; only SIGKILL ends it. Otherwise SIGTERM
+is logged (``fake vllm got SIGTERM``) and the process exits with code 0 after
+``--term-delay`` seconds (a graceful shutdown that takes a while; default 0).
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--crash", default=None, help="print this and exit 1 at once")
     ap.add_argument("--ready-after", type=float, default=0.0)
+    ap.add_argument("--ignore-sigterm", action="store_true")
+    ap.add_argument("--term-delay", type=float, default=0.0)
     args, _ = ap.parse_known_args()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, lambda *a: print("fake vllm ignoring SIGTERM", flush=True))
     print(f"fake vllm pid {os.getpid()} starting", flush=True)
     if args.crash:
         print("Traceback (most recent call last):", flush=True)
@@ -82,7 +92,15 @@ def main() -> None:
             self._send(503, {})
 
     srv = ThreadingHTTPServer((args.host, args.port), Handler)
-    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    if not args.ignore_sigterm:
+        def on_term(*a):
+            print("fake vllm got SIGTERM", flush=True)
+            if args.term_delay > 0:
+                threading.Timer(args.term_delay, lambda: os._exit(0)).start()
+            else:
+                os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
     print("fake vllm ready to serve", flush=True)
     srv.serve_forever()
 

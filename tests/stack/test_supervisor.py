@@ -7,6 +7,7 @@ VLLM::EngineCore -> VLLM::Worker that, like vLLM's, outlive their parent unless 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,11 +34,11 @@ pytestmark = pytest.mark.timeout(120)
 def make_server(tmp_path):
     made = []
 
-    def make(name="spec", restart=None, fake_args=(), startup_timeout_s=30.0, timeline=None):
+    def make(name="spec", restart=None, fake_args=(), startup_timeout_s=30.0, timeline=None, **kw):
         s = FakeServer(name, tmp_path / "model", port=free_ports("127.0.0.1", 1)[0],
                        log_path=tmp_path / f"{name}-server.log", timeline=timeline or Timeline(),
                        restart=restart or RestartPolicy(max_restarts=2, backoff_s=0.2, backoff_max_s=0.3),
-                       startup_timeout_s=startup_timeout_s, fake_args=fake_args)
+                       startup_timeout_s=startup_timeout_s, fake_args=fake_args, **kw)
         made.append(s)
         return s
 
@@ -168,6 +169,89 @@ def test_stop_during_backoff_prevents_restart(make_server):
     assert s.incarnation == 0 and s.state == "stopped"
     assert all_gone(tree) == []
     assert [e["event"] for e in events(s, "server_started")] == ["server_started"]
+
+
+def wait_tree(server: LocalServer, timeout_s: float = 20.0) -> list[psutil.Process]:
+    """The server's api, engine and worker once all three run (it need not be ready)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        roles = server.roles()
+        if all(len(roles[r]) == 1 for r in ("api", "engine", "worker")):
+            return roles["api"] + roles["engine"] + roles["worker"]
+        time.sleep(0.05)
+    raise AssertionError(f"server {server.name} did not start its engine and worker")
+
+
+def stack_of(tmp_path, servers: list[LocalServer]) -> LocalStack:
+    stack = LocalStack(StackConfig(models_dir=str(tmp_path / "models")), tmp_path / "run")
+    stack.servers = {s.name: s for s in servers}
+    return stack
+
+
+def test_stack_stop_while_starting_is_parallel_and_short(make_server, tmp_path, caplog):
+    """Ctrl-C during startup: vLLM ignores SIGTERM while loading; both servers go at once.
+
+    Each server gets only the not-ready grace (not the graceful timeout), and the two
+    graces overlap, so stopping takes well under one graceful timeout, let alone the sum.
+    """
+    timeout_s, grace_s = 20.0, 1.0
+    tl = Timeline()
+    servers = [make_server(name, fake_args=["--ready-after", "600", "--ignore-sigterm"], timeline=tl,
+                           stop_grace_not_ready_s=grace_s) for name in ("spec", "ref")]
+    stack = stack_of(tmp_path, servers)
+    for s in servers:
+        s.start()
+    trees = {s.name: wait_tree(s) for s in servers}
+    pgids = {s.name: s._popen.pid for s in servers}
+    assert all(s.state == "starting" for s in servers)
+    caplog.set_level(logging.INFO, logger="harness.stack.local")
+    t0 = time.monotonic()
+    stack.stop(timeout_s)
+    elapsed = time.monotonic() - t0
+    assert elapsed >= grace_s * 0.9                 # SIGTERM first, then the grace
+    assert elapsed < 0.5 * timeout_s                # well under one timeout (the sum is 2x)
+    assert "stopping the stack: spec, ref" in caplog.messages
+    for s in servers:
+        assert "fake vllm ignoring SIGTERM" in s.log_path.read_text()   # it was asked first
+        assert all_gone(trees[s.name]) == []
+        assert procs.group_members(pgids[s.name]) == []
+        assert s.state == "stopped" and s.incarnation == 0
+        ex = events(s, "server_exited")
+        assert len(ex) == 1 and ex[0]["expected"] is True and ex[0]["returncode"] == -signal.SIGKILL
+    time.sleep(0.5)   # no restart follows
+    assert [len(events(s, "server_started")) for s in servers] == [1, 1]
+    caplog.clear()
+    stack.stop(timeout_s)   # idempotent, and quiet
+    assert "stopping the stack: spec, ref" not in caplog.messages
+    assert [len(events(s, "server_exited")) for s in servers] == [1, 1]
+
+
+def test_stack_stop_ready_server_still_gets_graceful_sigterm(make_server, tmp_path):
+    """A ready server keeps the long timeout: its slow graceful exit (code 0) is not cut short
+    by the not-ready grace, which a still-starting neighbour gets at the same time."""
+    grace_s, term_delay_s, timeout_s = 0.3, 1.5, 15.0
+    tl = Timeline()
+    ready = make_server("spec", fake_args=["--term-delay", str(term_delay_s)], timeline=tl,
+                        stop_grace_not_ready_s=grace_s)
+    starting = make_server("ref", fake_args=["--ready-after", "600", "--ignore-sigterm"], timeline=tl,
+                           stop_grace_not_ready_s=grace_s)
+    stack = stack_of(tmp_path, [ready, starting])
+    ready.start()
+    starting.start()
+    ready.wait_ready(20)
+    trees = {s.name: wait_tree(s) for s in (ready, starting)}
+    pgids = {s.name: s._popen.pid for s in (ready, starting)}
+    t0 = time.monotonic()
+    stack.stop(timeout_s)
+    elapsed = time.monotonic() - t0
+    assert term_delay_s * 0.9 <= elapsed < 0.5 * timeout_s
+    assert "fake vllm got SIGTERM" in ready.log_path.read_text()
+    assert events(ready, "server_exited")[0]["returncode"] == 0           # exited by itself
+    assert events(starting, "server_exited")[0]["returncode"] == -signal.SIGKILL
+    for s in (ready, starting):
+        assert all_gone(trees[s.name]) == []
+        assert procs.group_members(pgids[s.name]) == []
+        assert s.state == "stopped"
 
 
 def test_harness_killed_leaves_no_orphans(tmp_path):
