@@ -46,9 +46,21 @@ def _fail(exc: SpecchaosError) -> None:
     raise typer.Exit(2)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        from harness.experiment.session import installed_vllm_version
+
+        out.print(f"specchaos {version('specchaos')} (vLLM {installed_vllm_version()})", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True,
-                                              help="-v: progress, -vv: debug.")) -> None:
+def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True, metavar="",
+                                              help="More logging: -v progress, -vv debug (repeat the flag)."),
+                  version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                               help="Print the version of specchaos and vLLM, and exit.")) -> None:
     _setup_logging(verbose)
 
 

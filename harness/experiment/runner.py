@@ -56,10 +56,16 @@ def parse_file(path: Path) -> dict[str, Any]:
     Raises:
         ExperimentError: missing file, syntax error (with line and column), not a mapping.
     """
+    if path.is_dir():
+        raise ExperimentError("is a directory, not an experiment file", where=str(path),
+                              hint="give the path of a Chaos Toolkit experiment, e.g. experiments/kill-draft-worker.yaml")
     if not path.is_file():
         raise ExperimentError("no such experiment file", where=str(path),
                               hint="give the path of a Chaos Toolkit experiment, e.g. experiments/kill-draft-worker.yaml")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExperimentError(f"cannot read the experiment file: {exc}", where=str(path)) from None
     try:
         if path.suffix == ".json":
             doc = json.loads(text)

@@ -167,3 +167,7 @@ def test_default_experiment_validates(models_built):
     res = cli("validate", str(EXPERIMENT))
     assert res.returncode == 0, res.stderr
     assert "valid" in res.stdout
+
+
+def test_directory_instead_of_a_file(tmp_path, no_new_processes):
+    assert_one_line_error(cli("validate", str(tmp_path)), str(tmp_path), "is a directory")
