@@ -136,10 +136,16 @@ class FailFastConfig(_Strict):
 
 
 class IntegrityConfig(_Strict):
+    """Integrity against the reference: at least ``min_compared`` complete responses must
+    be compared token for token (fewer fails the ``integrity.compared`` check)."""
+
     min_compared: int = Field(20, ge=0)
 
 
 class SpecchaosConfig(_Strict):
+    """The ``configuration.specchaos`` block of an experiment file: durations in seconds,
+    latency limits in seconds (p95 over a phase), rates as fractions in [0, 1]."""
+
     stack: StackConfig = Field(default_factory=StackConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
     phases: PhasesConfig = Field(default_factory=PhasesConfig)

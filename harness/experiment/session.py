@@ -277,6 +277,8 @@ class Session:
         (self.out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
 
     def stack_info(self) -> dict[str, Any]:
+        """``report.json``'s ``stack``: launcher, vLLM version, speculative config, server URLs
+        (from the configuration when the stack never started)."""
         if self.stack is not None:
             return {"launcher": self.stack.launcher, "vllm_version": self.stack.vllm_version,
                     "speculative": self.stack.speculative,
@@ -360,6 +362,3 @@ def peek() -> Session | None:
     """The session if one exists, else None."""
     return _session
 
-
-def dump_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str))

@@ -20,6 +20,8 @@ ROLES = ("api", "engine", "worker")
 
 
 class Server(Protocol):
+    """One supervised vLLM OpenAI server of a stack."""
+
     name: str                 # "spec" or "ref"
     base_url: str             # e.g. "http://127.0.0.1:41234"
     model: str                # served model name to put in requests
@@ -38,10 +40,20 @@ class Server(Protocol):
 
 
 class Stack(Protocol):
+    """The servers of one run, started and stopped together."""
+
     launcher: str                 # "local"
     vllm_version: str
     speculative: dict[str, Any]   # {"method", "draft", "num_speculative_tokens"}
     servers: dict[str, Server]    # "spec" and, if configured, "ref"
 
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
+    def start(self) -> None:
+        """Start every server and return when each is ready (a real generation succeeded).
+
+        Raises:
+            StackError: a port is in use, a server exited or timed out while starting
+                (everything started so far is stopped first).
+        """
+
+    def stop(self) -> None:
+        """Stop every server and all its processes; no restart follows. Idempotent."""
