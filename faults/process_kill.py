@@ -55,7 +55,7 @@ def normalise_signal(name: str) -> str:
     if up in FREEZE_SIGNALS:
         raise ValueError(
             f"{up} freezes or thaws a process instead of ending it; process-kill only sends "
-            f"{', '.join(KILL_SIGNALS)} (freezing belongs to the process-freeze family)"
+            f"{', '.join(KILL_SIGNALS)} (SIGSTOP/SIGCONT freeze rather than kill: not a process-kill)"
         )
     if up not in KILL_SIGNALS:
         raise ValueError(f"unknown signal {name!r}; use one of {', '.join(KILL_SIGNALS)}")

@@ -76,8 +76,13 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     s = sess.current()
     timeout = timeout_s if timeout_s is not None else s.cfg.phases.recovery_timeout_s
     windows = phase_windows(s.timeline.select())
+    from harness.report.judge import fault_summary
+
+    # Measured from the fault, exactly as the judge measures time_to_slo_s.
+    faults = fault_summary(s.timeline.select())
     since = windows["recovery"][0] if "recovery" in windows else time.time()
-    fault_t = windows["fault"][0] if "fault" in windows else since
+    fault_t = faults[0]["injected_at"] if faults and faults[0].get("injected_at") else \
+        windows["fault"][0] if "fault" in windows else since
     start = time.monotonic()
     end_t: float | None = None
     while time.monotonic() - start < timeout:
@@ -85,12 +90,15 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
         b0, b1 = windows.get("baseline", (fault_t, fault_t))
         members = assign_phases(records, windows).get("baseline") if "baseline" in windows else None
         baseline = phase_metrics(records, b0, b1, s.cfg.slo, members=members)
-        end_t = first_slo_window_end(records, since, baseline, s.cfg.recovery)
+        end_t = first_slo_window_end(records, fault_t, baseline, s.cfg.recovery)
         if end_t is not None:
             break
         s.sleep(0.5)
     waited = time.monotonic() - start
-    log.info("recovery %s after %.1f s", "reached" if end_t else "NOT reached", waited)
+    if end_t is not None:
+        log.info("back within the baseline SLO %.1f s after the fault (waited %.1f s in recovery)", end_t - fault_t, waited)
+    else:
+        log.warning("NOT back within the baseline SLO after waiting %.1f s in recovery", waited)
     s.mark_phase("after")
     return {"recovered": end_t is not None, "waited_s": round(waited, 3), "slo_window_end": end_t}
 

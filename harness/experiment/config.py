@@ -155,6 +155,13 @@ class SpecchaosConfig(_Strict):
     fail_fast: FailFastConfig = Field(default_factory=FailFastConfig)
     integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)
 
+    @model_validator(mode="after")
+    def _integrity_needs_reference(self) -> "SpecchaosConfig":
+        if not self.stack.reference and self.integrity.min_compared > 0:
+            raise ValueError("integrity.min_compared > 0 needs the reference server: set stack.reference: true "
+                             "(or integrity.min_compared: 0 to judge no integrity)")
+        return self
+
 
 def parse_config(raw: dict | None, where: str = "configuration.specchaos") -> SpecchaosConfig:
     """Validate the ``specchaos`` configuration block.

@@ -141,6 +141,14 @@ def load_experiment(path: str | Path) -> Experiment:
                 raise ExperimentError(f"unknown server '{server}'", where=f"{where}.arguments.server",
                                       hint=f"known: {', '.join(sorted(servers))}")
 
+    injects = [a for a in (doc.get("method") or []) if isinstance(a, dict)
+               and (a.get("provider") or {}).get("module") == ACTIONS_MODULE
+               and (a.get("provider") or {}).get("func") == "inject_fault"]
+    if not injects:
+        raise ExperimentError("the method injects no fault, so the run would test nothing",
+                              where=f"{path}: method",
+                              hint=f"add an action with provider {ACTIONS_MODULE}.inject_fault")
+
     from harness.errors import ModelError
     from harness.stack.models import resolve_model
 
@@ -193,8 +201,13 @@ def strict_checks(journal: dict | None) -> list[dict[str, Any]]:
             name = (p.get("activity") or {}).get("name", "probe")
             met = bool(p.get("tolerance_met")) and p.get("status") == "succeeded"
             tol = (p.get("activity") or {}).get("tolerance")
+            if p.get("status") != "succeeded":
+                detail = f"probe {name} {p.get('status') or 'did not run'} {when} the method"
+            else:
+                detail = (f"probe {name} {when} the method returned {_scalar(p.get('output'))!r}: "
+                          f"{'within' if met else 'OUT OF'} tolerance {_scalar(tol)!r}")
             out.append({"name": f"steady_state.{when}.{name}", "category": "steady_state", "passed": met,
-                        "observed": _scalar(p.get("output")), "limit": _scalar(tol), "detail": ""})
+                        "observed": _scalar(p.get("output")), "limit": _scalar(tol), "detail": detail})
     if journal and journal.get("deviated"):
         out.append({"name": "steady_state.deviated", "category": "steady_state", "passed": False,
                     "observed": True, "limit": False, "detail": "Chaos Toolkit reports a deviation"})
@@ -235,6 +248,7 @@ def apply_strict_verdict(report: dict[str, Any], journal: dict | None) -> dict[s
         bool(report.get("faults")) or "method_skipped" in report)
     report["verdict"] = verdict(checks, fault_acted=acted, errors=report.get("errors", []),
                                 interrupted=bool(report.get("interrupted")))
+    log.info("verdict: %s (%d checks, %d failed)", report["verdict"], len(checks), sum(not c.passed for c in checks))
     return report
 
 
@@ -355,6 +369,7 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
     if journal is None and not meta.get("interrupted") and not meta.get("errors"):
         # No journal and nothing said why: the harness itself died (e.g. SIGKILL).
         meta["errors"] = ["the run ended without a journal: the harness was killed before it finished"]
+        meta["interrupted"] = True
     report = apply_strict_verdict(judge_run(d, cfg, dict(meta)), journal)
     write_report(d / "report.json", report)
     return report

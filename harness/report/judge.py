@@ -189,5 +189,5 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
     )
     for k, val in meta.items():  # anything else the runner knows (e.g. "source")
         report.setdefault(k, jsonable(val))
-    log.info("judged %s: %s (%d checks, %d failed)", run_dir, v, len(checks), sum(not c.passed for c in checks))
+    log.debug("judged %s before the strict verdict: %s (%d checks, %d failed)", run_dir, v, len(checks), sum(not c.passed for c in checks))
     return report

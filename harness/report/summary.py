@@ -64,22 +64,23 @@ def _verdict_line(report: dict[str, Any]) -> Text:
 
 def _phase_table(report: dict[str, Any]) -> Table:
     tab = Table(title="phases (latencies in ms, p50/p95)", title_justify="left")
-    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/token", "E2E", "tokens/s"):
+    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/token", "E2E", "tokens/s", "tok/chunk"):
         tab.add_column(col, justify="left" if col == "phase" else "right")
     phases = report.get("phases") or {}
     for ph in _PHASES:
         m = phases.get(ph)
         if m is None:
-            tab.add_row(ph, "—", "—", "—", "—", "—", "—", "—", style="dim")
+            tab.add_row(ph, "—", "—", "—", "—", "—", "—", "—", "—", style="dim")
             continue
 
         def pp(key: str) -> str:
             d = m.get(key) or {}
             return f"{_ms(d.get('p50'))}/{_ms(d.get('p95'))}"
 
-        tps = m.get("output_tokens_per_s")
+        tps, tpc = m.get("output_tokens_per_s"), m.get("mean_tokens_per_chunk")
         tab.add_row(ph, str(m.get("requests", 0)), str(m.get("errors", 0)), pp("ttft_s"), pp("tpot_s"),
-                    pp("itl_s"), pp("e2e_s"), "—" if tps is None else f"{tps:.1f}")
+                    pp("itl_s"), pp("e2e_s"), "—" if tps is None else f"{tps:.1f}",
+                    "—" if tpc is None else f"{tpc:.2f}")
     return tab
 
 

@@ -171,3 +171,15 @@ def test_default_experiment_validates(models_built):
 
 def test_directory_instead_of_a_file(tmp_path, no_new_processes):
     assert_one_line_error(cli("validate", str(tmp_path)), str(tmp_path), "is a directory")
+
+
+def test_method_without_a_fault(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["method"] = [a for a in d["method"] if a["provider"]["func"] != "inject_fault"]
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "method", "injects no fault")
+
+
+def test_integrity_without_reference_server(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["reference"] = False
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos", "stack.reference")
