@@ -28,5 +28,5 @@ if [ "$EXTRA" = "cpu" ]; then
   # vLLM serves text models without them.
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-.venv/bin/python -c "import harness, faults, vllm, chaoslib, locust" 
+.venv/bin/python -W ignore -c "import harness, faults, vllm, chaoslib, locust"
 echo "$want" > "$stamp"
