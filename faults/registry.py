@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from faults.base import Fault
 from faults.process_kill import ProcessKill
 from harness.errors import ExperimentError
+from harness.experiment.config import first_error
 
 REGISTRY: dict[str, type[Fault]] = {
     ProcessKill.kind: ProcessKill,
@@ -45,10 +46,8 @@ def make_fault(kind: str, params: dict[str, Any] | None, where: str = "") -> Fau
     try:
         validated = cls.Params.model_validate(params or {})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        field, msg, kind_of_error = first_error(exc)
+        if kind_of_error == "extra_forbidden":
             msg = f"unknown argument of {kind}"
         known = ", ".join(cls.Params.model_fields)
         loc = f"{where}.arguments.{field}" if where else f"arguments.{field}"

@@ -72,25 +72,30 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     from harness.checks.recovery import first_slo_window_end
     from harness.load.records import read_records
     from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
+    from harness.report.judge import fault_summary
 
     s = sess.current()
     timeout = timeout_s if timeout_s is not None else s.cfg.phases.recovery_timeout_s
-    windows = phase_windows(s.timeline.select())
-    from harness.report.judge import fault_summary
-
-    # Measured from the fault, exactly as the judge measures time_to_slo_s.
-    faults = fault_summary(s.timeline.select())
+    events = s.timeline.select()
+    windows = phase_windows(events)
+    faults = fault_summary(events)
     since = windows["recovery"][0] if "recovery" in windows else time.time()
-    fault_t = faults[0]["injected_at"] if faults and faults[0].get("injected_at") else \
-        windows["fault"][0] if "fault" in windows else since
+    # Measured from the fault, exactly as the judge measures time_to_slo_s.
+    fault_t = faults[0]["injected_at"] if faults else windows["fault"][0] if "fault" in windows else since
+
+    def load_records() -> list:
+        return [r for r in read_records(s.records_path) if r.source == "load"]
+
+    # The baseline is closed: its requests ended before the fault (the ones still in flight
+    # then belong to the fault phase), so its metrics are computed once.
+    b0, b1 = windows.get("baseline", (fault_t, fault_t))
+    records = load_records()
+    members = assign_phases(records, windows).get("baseline") if "baseline" in windows else None
+    baseline = phase_metrics(records, b0, b1, s.cfg.slo, members=members)
     start = time.monotonic()
     end_t: float | None = None
     while time.monotonic() - start < timeout:
-        records = [r for r in read_records(s.records_path) if r.source == "load"]
-        b0, b1 = windows.get("baseline", (fault_t, fault_t))
-        members = assign_phases(records, windows).get("baseline") if "baseline" in windows else None
-        baseline = phase_metrics(records, b0, b1, s.cfg.slo, members=members)
-        end_t = first_slo_window_end(records, fault_t, baseline, s.cfg.recovery)
+        end_t = first_slo_window_end(load_records(), fault_t, baseline, s.cfg.recovery)
         if end_t is not None:
             break
         s.sleep(0.5)

@@ -163,6 +163,13 @@ class SpecchaosConfig(_Strict):
         return self
 
 
+def first_error(exc: ValidationError) -> tuple[str, str, str]:
+    """The first error of a pydantic validation: ``(dotted field path, message, type)``,
+    the message without pydantic's ``"Value error, "`` prefix (path ``""`` at model level)."""
+    err = exc.errors()[0]
+    return ".".join(str(p) for p in err["loc"]), str(err["msg"]).removeprefix("Value error, "), err["type"]
+
+
 def parse_config(raw: dict | None, where: str = "configuration.specchaos") -> SpecchaosConfig:
     """Validate the ``specchaos`` configuration block.
 
@@ -176,7 +183,5 @@ def parse_config(raw: dict | None, where: str = "configuration.specchaos") -> Sp
     try:
         return SpecchaosConfig.model_validate(raw or {})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
+        loc, msg, _ = first_error(exc)
         raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where) from None

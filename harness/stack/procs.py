@@ -35,9 +35,10 @@ ROLE_PREFIXES: dict[str, tuple[str, ...]] = {
 _TRACKER_MARK = "multiprocessing.resource_tracker"
 
 #: How far two readings of one process's start time (epoch seconds, psutil) may differ and
-#: still name the same process. psutil adds the boot time to the start ticks, and the boot
-#: time as an epoch instant moves when the wall clock is adjusted (seen here: two readings a
-#: few ms apart). A pid reused within one second would need a full wrap of pid_max.
+#: still name the same process. psutil adds the boot time (``btime`` of /proc/stat, whole
+#: seconds, re-read on every call) to the start ticks, and that epoch instant can step by a
+#: second when the wall clock is adjusted. A pid reused within one second would need a full
+#: wrap of pid_max; callers also compare the command line where they know it.
 CREATE_TIME_TOLERANCE_S = 1.0
 
 
@@ -97,16 +98,21 @@ def is_resource_tracker(proc: psutil.Process) -> bool:
     return _TRACKER_MARK in title_of(proc)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes currently in process group ``pgid``."""
+def group_processes(pgid: int) -> list[psutil.Process]:
+    """The live (not zombie) processes currently in process group ``pgid``."""
     out = []
     for p in psutil.process_iter():
         try:
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
+                out.append(p)
         except (OSError, psutil.Error):
             continue
     return out
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of :func:`group_processes`."""
+    return [p.pid for p in group_processes(pgid)]
 
 
 def wait_group_gone(pgid: int, timeout_s: float) -> list[int]:
@@ -163,15 +169,8 @@ def kill_tree(procs: Iterable[psutil.Process], pgid: int | None = None, timeout_
     if pgid is not None and wait_group_gone(pgid, timeout_s):
         # Members outside the captured tree (e.g. started after the snapshot) that
         # survived SIGKILL: report them too.
-        left += [p for p in (_process(pid) for pid in group_members(pgid)) if p is not None and p not in left]
+        left += [p for p in group_processes(pgid) if p not in left]
     return left
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
 
 
 _PR_SET_PDEATHSIG = 1

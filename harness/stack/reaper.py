@@ -26,27 +26,7 @@ import time
 
 import psutil
 
-from harness.stack.procs import CREATE_TIME_TOLERANCE_S
-
-_TRACKER_MARK = "multiprocessing.resource_tracker"
-
-
-def _members(pgid: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (OSError, psutil.Error):
-            continue
-    return out
-
-
-def _is_tracker(p: psutil.Process) -> bool:
-    try:
-        return _TRACKER_MARK in " ".join(p.cmdline())
-    except psutil.Error:
-        return False
+from harness.stack.procs import CREATE_TIME_TOLERANCE_S, group_processes, is_resource_tracker
 
 
 def kill_groups(groups: dict[int, float], tracker_grace_s: float = 3.0) -> None:
@@ -58,13 +38,13 @@ def kill_groups(groups: dict[int, float], tracker_grace_s: float = 3.0) -> None:
                 continue   # the id belongs to another process now: not ours
         except psutil.Error:
             pass           # leader gone: the group (if any member is left) is still ours
-        members = _members(pgid)
+        members = group_processes(pgid)
         if members:
             todo[pgid] = members
     trackers = []
     for members in todo.values():
         for p in members:
-            if _is_tracker(p):
+            if is_resource_tracker(p):
                 trackers.append(p)
             else:
                 try:
