@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from harness.errors import ExperimentError, SpecchaosError, StackError
-from harness.experiment.config import SpecchaosConfig, parse_config
+from harness.experiment.config import SpecchaosConfig, first_error, parse_config
 
 log = logging.getLogger(__name__)
 
@@ -225,22 +225,14 @@ def apply_strict_verdict(report: dict[str, Any], journal: dict | None) -> dict[s
 
     A probe out of tolerance before or after the method is a failed check, so the verdict
     is ``"fail"`` (exit 1) where Chaos Toolkit alone would exit 0 after a missed
-    pre-method hypothesis. Then the method never ran: the report gets ``method_skipped``
-    and "no fault was injected" is not counted as a run error.
+    pre-method hypothesis (the judge then marks the report ``method_skipped`` and does not
+    count the absent fault as a run error).
     """
     from harness.checks.base import CheckResult
     from harness.checks.verdict import verdict
-    from harness.report.judge import NO_FAULT_ERROR
 
     existing = {c["name"] for c in report.get("checks", [])}
-    strict = [c for c in strict_checks(journal) if c["name"] not in existing]
-    report.setdefault("checks", []).extend(strict)
-    if any(c["name"].startswith("steady_state.before.") and not c["passed"] for c in strict):
-        # Chaos Toolkit skips the method when the system is not steady before it: no fault
-        # was meant to run, so its absence is the consequence of this failure, not an error.
-        report["errors"] = [e for e in report.get("errors", []) if e != NO_FAULT_ERROR]
-        report["checks"] = [c for c in report["checks"] if c["name"] != "fault.injected"]
-        report["method_skipped"] = "steady-state hypothesis not met before the method"
+    report.setdefault("checks", []).extend(c for c in strict_checks(journal) if c["name"] not in existing)
     checks = [CheckResult(**{k: c.get(k, "") if k == "detail" else c.get(k)
                              for k in ("name", "category", "passed", "observed", "limit", "detail")})
               for c in report["checks"]]
@@ -351,9 +343,8 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
     try:
         cfg = SpecchaosConfig.model_validate(_read_json(d / "config.json", "run configuration"))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field_path = ".".join(str(p) for p in err["loc"])
-        raise SpecchaosError(err["msg"], where=f"{d / 'config.json'}: {field_path}") from None
+        field_path, msg, _ = first_error(exc)
+        raise SpecchaosError(msg, where=f"{d / 'config.json'}: {field_path}") from None
     journal = _read_json(d / "journal.json", "Chaos Toolkit journal") if (d / "journal.json").is_file() else None
     if (d / "run.json").is_file():
         meta = _read_json(d / "run.json", "run metadata")

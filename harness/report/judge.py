@@ -133,10 +133,16 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
     faults = fault_summary(events)
     fault_time = faults[0]["injected_at"] if faults else None
 
+    # Chaos Toolkit skips the method when the hypothesis is not met before it: then no
+    # fault was meant to run, and the failed probe (a check added by the strict verdict)
+    # is the finding, not a run error.
+    before = (meta.get("steady_state") or {}).get("before")
+    method_skipped = not faults and bool(before) and not before.get("met")
+
     checks: list[CheckResult] = []
     # After an interruption, a missing fault or missing evidence is its consequence: say so
     # rather than blame the fault (the interruption itself is the run's first error).
-    if not faults:
+    if not faults and not method_skipped:
         checks.append(CheckResult("fault.injected", "fault", False, 0, 1, "no fault was injected: nothing was tested"))
         errors.append(NO_FAULT_BEFORE_INTERRUPT if interrupted else NO_FAULT_ERROR)
     for f in faults:
@@ -162,7 +168,7 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
         checks += fail_fast_checks(records, fault_time, cfg.fail_fast)
 
     n_ok = sum(1 for r in records if is_complete(r)[0])
-    fault_acted = bool(faults) and all(f["acted"] for f in faults)
+    fault_acted = (bool(faults) or method_skipped) and all(f["acted"] for f in faults)
     v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted)
 
     report = build_report(
@@ -187,6 +193,8 @@ def judge_run(run_dir: Path, cfg: SpecchaosConfig, meta: dict[str, Any]) -> dict
         steady_state=meta.get("steady_state"),
         generated_at=now(),
     )
+    if method_skipped:
+        report["method_skipped"] = "steady-state hypothesis not met before the method"
     for k, val in meta.items():  # anything else the runner knows (e.g. "source")
         report.setdefault(k, jsonable(val))
     log.debug("judged %s before the strict verdict: %s (%d checks, %d failed)", run_dir, v, len(checks), sum(not c.passed for c in checks))

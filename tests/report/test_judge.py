@@ -152,6 +152,22 @@ def test_no_fault_is_error(tmp_path):
     assert rep["recovery"]["time_to_healthy_s"] is None
 
 
+def test_no_fault_after_a_missed_pre_method_hypothesis_is_a_skipped_method_not_an_error(tmp_path):
+    d = write_run(tmp_path / "run", events=timeline(fault=False))
+    rep = judge_run(d, cfg(), {**META, "steady_state": {"before": {"met": False}, "after": None}})
+    assert rep["method_skipped"] and rep["errors"] == []
+    assert "fault.injected" not in by_name(rep)
+    assert rep["verdict"] != "error"
+    # The strict verdict adds the missed probe as a failed check: fail (exit 1), not error.
+    from harness.experiment.runner import apply_strict_verdict
+
+    probe = {"activity": {"name": "health-is-200", "tolerance": 200}, "output": 503,
+             "tolerance_met": False, "status": "succeeded"}
+    journal = {"status": "failed", "deviated": False, "run": [], "rollbacks": [],
+               "steady_states": {"before": {"steady_state_met": False, "probes": [probe]}}}
+    assert apply_strict_verdict(rep, journal)["verdict"] == "fail"
+
+
 def test_run_error_and_interruption_are_errors(tmp_path):
     d = write_run(tmp_path / "run")
     assert judge_run(d, cfg(), {**META, "errors": ["stack: spec failed to start"]})["verdict"] == "error"
