@@ -16,10 +16,41 @@ A fault is constructed from validated parameters, then driven by the generic
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
+
+from harness.stack.base import Server
+from harness.timeline import Timeline
+
+
+class FaultContext(Protocol):
+    """Everything a fault may reach, and nothing else (the run's session provides it;
+    :class:`faults.inject.InjectionContext` is the implementation).
+
+    Attributes:
+        servers: the started stack's servers by name (``"spec"``, ``"ref"``): base URL,
+            process roles (``roles()``: api, engine, worker), incarnation and
+            ``wait_for_incarnation`` (evidence of a supervised restart). Empty before
+            the stack started.
+        load_urls: server name → the base URL the load sends to. It is the server's own
+            URL unless a fault interposes something on the load path (e.g. a proxy),
+            which it records here before the load starts.
+        timeline: the run's timeline (fault events go through the injector; a fault may
+            add its own measurements as events).
+    """
+
+    @property
+    def servers(self) -> Mapping[str, Server]: ...
+
+    load_urls: MutableMapping[str, str]
+    timeline: Timeline
+
+    def now(self) -> float:
+        """The harness clock (epoch seconds)."""
+        ...
 
 
 class FaultParams(BaseModel):
@@ -47,24 +78,26 @@ class Evidence:
 class Fault(ABC):
     """One injectable, reversible fault.
 
-    Subclasses set :attr:`kind` (registry name, e.g. ``"process-kill"``) and
-    :attr:`Params` (a :class:`FaultParams` model), and implement the methods below.
-    ``ctx`` is a :class:`faults.inject.FaultContext`: it resolves targets (servers,
-    process roles), and gives the timeline and the clock.
+    Subclasses set :attr:`kind` (registry name, e.g. ``"process-kill"``), :attr:`activity`
+    (the name of the typed Chaos Toolkit action generated for the family, e.g.
+    ``"kill_process"``, whose arguments are :attr:`Params`' fields) and :attr:`Params`
+    (a :class:`FaultParams` model), and implement the methods below. ``ctx`` is a
+    :class:`FaultContext`: servers and their roles, the load path, the timeline, the clock.
     """
 
     kind: ClassVar[str]
+    activity: ClassVar[str]
     Params: ClassVar[type[FaultParams]]
 
     def __init__(self, params: FaultParams):
         self.params = params
 
     @abstractmethod
-    def describe_target(self, ctx: Any) -> str:
+    def describe_target(self, ctx: FaultContext) -> str:
         """Human/ledger name of the target, e.g. ``"spec/worker"``. Must not act."""
 
     @abstractmethod
-    def inject(self, ctx: Any) -> dict[str, Any]:
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
         """Act. Returns JSON-serialisable facts needed to revert or judge (stored in the ledger).
 
         Raises:
@@ -72,11 +105,11 @@ class Fault(ABC):
         """
 
     @abstractmethod
-    def evidence(self, ctx: Any, timeout_s: float) -> Evidence:
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
         """Wait up to ``timeout_s`` for the effect, and report it."""
 
     @abstractmethod
-    def clear(self, ctx: Any) -> None:
+    def clear(self, ctx: FaultContext) -> None:
         """Revert the fault. Idempotent; must not raise on an already-cleared fault."""
 
     @classmethod

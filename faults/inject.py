@@ -2,7 +2,7 @@
 
 :class:`FaultInjector` drives any registered family the same way::
 
-    inj = FaultInjector(FaultContext(stack, timeline, Ledger(out / "ledger.jsonl")))
+    inj = FaultInjector(InjectionContext(stack, timeline, Ledger(out / "ledger.jsonl")))
     h = inj.inject("process-kill", {"role": "worker"}, where="exp.yaml: method[1]")
     ev = inj.collect_evidence(h, timeout_s=120)
     inj.clear(h)
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from faults.base import Evidence, Fault
@@ -25,6 +26,7 @@ from faults.ledger import Ledger
 from faults.registry import make_fault
 from harness.clock import now
 from harness.errors import FaultError, SpecchaosError
+from harness.stack.base import Server, Stack
 from harness.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -33,22 +35,30 @@ _RESERVED = frozenset({"t", "source", "event", "fault_id", "kind", "target"})
 
 
 @dataclass
-class FaultContext:
-    """What a fault may use: the started stack (servers, roles), the timeline, the ledger.
+class InjectionContext:
+    """The :class:`faults.base.FaultContext` a session hands its faults.
 
     Args:
-        stack: a :class:`harness.stack.base.Stack` (``servers[name].roles()``...).
+        stack: the started stack (a :class:`harness.stack.base.Stack`), or None before
+            it started (then :attr:`servers` is empty).
         timeline: the run's timeline; None keeps events in memory.
         ledger: the run's ledger.
+        load_urls: server name → base URL the load uses (see ``FaultContext.load_urls``).
     """
 
-    stack: Any
+    stack: Stack | None
     timeline: Timeline | None
     ledger: Ledger
+    load_urls: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.timeline is None:
             self.timeline = Timeline()
+
+    @property
+    def servers(self) -> Mapping[str, Server]:
+        """The stack's servers by name (empty before the stack started)."""
+        return self.stack.servers if self.stack is not None else {}
 
     @staticmethod
     def now() -> float:
@@ -83,7 +93,7 @@ class FaultInjector:
     Usable as a context manager: leaving the block calls :meth:`clear_all`.
     """
 
-    def __init__(self, ctx: FaultContext):
+    def __init__(self, ctx: InjectionContext):
         self.ctx = ctx
         self.handles: list[FaultHandle] = []
         self._lock = threading.RLock()

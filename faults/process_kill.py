@@ -11,9 +11,20 @@ Evidence: every signalled process is gone (``gone_after_s``) and, when
 ready (``restart_seen_after_s``, measured from the signal). A kill has nothing to
 revert: :meth:`ProcessKill.clear` and :meth:`ProcessKill.recover` do nothing.
 
-Example (experiment arguments)::
+Example (the typed Chaos Toolkit action generated for this family)::
 
-    {"kind": "process-kill", "server": "spec", "role": "worker", "signal": "SIGKILL"}
+    - type: action
+      name: kill-draft-worker
+      provider:
+        type: python
+        module: harness.experiment.actions
+        func: kill_process
+        arguments: {server: spec, role: worker, signal: SIGKILL}
+
+Roles on vLLM (see :mod:`harness.stack.base`): ``api`` — the OpenAI API server process;
+``engine`` — its child ``VLLM::EngineCore`` (scheduler; killing it makes the API answer
+503, then exit 0); ``worker`` — the engine's child ``VLLM::Worker`` (runs the target and
+the draft model; killing it fails every in-flight request and the API exits 0).
 """
 
 from __future__ import annotations
@@ -27,9 +38,10 @@ from typing import Any, ClassVar, Literal
 import psutil
 from pydantic import Field, field_validator
 
-from faults.base import Evidence, Fault, FaultParams
+from faults.base import Evidence, Fault, FaultContext, FaultParams
 from harness.clock import now
 from harness.errors import FaultError
+from harness.stack.base import Server
 from harness.stack.procs import CREATE_TIME_TOLERANCE_S
 
 log = logging.getLogger(__name__)
@@ -154,18 +166,19 @@ class ProcessKill(Fault):
     """Kill (or terminate) every process of one role of one server."""
 
     kind: ClassVar[str] = "process-kill"
+    activity: ClassVar[str] = "kill_process"
     Params: ClassVar[type[FaultParams]] = ProcessKillParams
 
     def __init__(self, params: ProcessKillParams):
         super().__init__(params)
         self.facts: dict[str, Any] | None = None
 
-    def describe_target(self, ctx: Any) -> str:
+    def describe_target(self, ctx: FaultContext) -> str:
         """``"<server>/<role>"``, e.g. ``"spec/worker"``."""
         return f"{self.params.server}/{self.params.role}"
 
-    def _server(self, ctx: Any) -> Any:
-        servers = ctx.stack.servers
+    def _server(self, ctx: FaultContext) -> Server:
+        servers = ctx.servers
         if self.params.server not in servers:
             raise FaultError(
                 f"no server {self.params.server!r} in the stack",
@@ -174,7 +187,7 @@ class ProcessKill(Fault):
             )
         return servers[self.params.server]
 
-    def inject(self, ctx: Any) -> dict[str, Any]:
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
         """Signal every process of the role.
 
         Returns:
@@ -244,7 +257,7 @@ class ProcessKill(Fault):
         }
         return dict(self.facts)
 
-    def evidence(self, ctx: Any, timeout_s: float) -> Evidence:
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
         """Wait for the signalled processes to be gone (at most ``gone_timeout_s``) and,
         if ``expect_restart``, for the restarted server to be ready (the rest of ``timeout_s``).
 
@@ -301,6 +314,6 @@ class ProcessKill(Fault):
         return Evidence(True, obs, detail + f"; restarted server ready {obs['restart_seen_after_s']:.1f} s "
                                             f"after the signal")
 
-    def clear(self, ctx: Any) -> None:
+    def clear(self, ctx: FaultContext) -> None:
         """Nothing to revert for a kill (the supervisor restarts the server). Idempotent."""
         return None

@@ -1,4 +1,8 @@
-"""Fault families by name. Adding a family: one new module in ``faults/`` and one line here."""
+"""Fault families by name. Adding a family: one new module in ``faults/`` and one line here.
+
+Each family also gets a typed Chaos Toolkit action named by its ``activity``
+(:mod:`harness.experiment.actions` generates them from this registry).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,7 @@ from pydantic import ValidationError
 
 from faults.base import Fault
 from faults.process_kill import ProcessKill
-from harness.errors import ExperimentError
-from harness.experiment.config import first_error
+from harness.errors import ExperimentError, first_error
 
 REGISTRY: dict[str, type[Fault]] = {
     ProcessKill.kind: ProcessKill,
@@ -53,3 +56,11 @@ def make_fault(kind: str, params: dict[str, Any] | None, where: str = "") -> Fau
         loc = f"{where}.arguments.{field}" if where else f"arguments.{field}"
         raise ExperimentError(msg, where=loc, hint=f"{kind} takes: {known}") from None
     return cls(validated)
+
+
+def by_activity(name: str) -> type[Fault] | None:
+    """The family whose typed action is called ``name`` (e.g. ``"kill_process"``), or None."""
+    for cls in REGISTRY.values():
+        if cls.activity == name:
+            return cls
+    return None

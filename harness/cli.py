@@ -4,6 +4,7 @@
     specchaos validate FILE              check an experiment without starting anything
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos models build [--dir DIR]   build the tiny offline models
+    specchaos faults                     list the fault families, their actions and arguments
     specchaos cleanup [--force]          tear down what a crashed run left behind
 
 Exit codes: 0 pass, 1 fail, 2 error (bad input, a run that could not be judged).
@@ -12,19 +13,34 @@ Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
+from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from faults.cleanup import cleanup as do_cleanup
+from faults.registry import REGISTRY
 from harness.errors import SpecchaosError
+from harness.experiment.actions import FAULT_ACTIONS
+from harness.experiment.rejudge import rejudge
+from harness.experiment.runner import EXIT_CODES
+from harness.experiment.runner import run as run_experiment
+from harness.experiment.validate import load_experiment
+from harness.report.summary import print_summary
+from harness.stack.base import ROLE_DOCS
+from harness.stack.models import build_models
+from harness.stack.vllm import installed_vllm_version
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Plain help: the rich help of typer 0.29 shows flags as "--force <bool>" although they take no value.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Chaos and resilience testing for speculative-decoding vLLM stacks.")
-models_app = typer.Typer(no_args_is_help=True, help="Tiny offline models for the embedded CPU stack.")
+models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Tiny offline models for the embedded CPU stack.")
 app.add_typer(models_app, name="models")
 
 err = Console(stderr=True)
@@ -48,11 +64,7 @@ def _fail(exc: SpecchaosError) -> None:
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-
-        from harness.experiment.session import installed_vllm_version
-
-        out.print(f"specchaos {version('specchaos')} (vLLM {installed_vllm_version()})", highlight=False)
+        out.print(f"specchaos {dist_version('specchaos')} (vLLM {installed_vllm_version()})", highlight=False)
         raise typer.Exit(0)
 
 
@@ -68,9 +80,6 @@ def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True, 
 def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
         out_dir: Path = typer.Option(Path("results/latest"), "--out", help="Directory for journal.json, report.json, records, logs.")) -> None:
     """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
-    from harness.experiment.runner import run as run_experiment
-    from harness.report.summary import print_summary
-
     if not logging.getLogger().isEnabledFor(logging.INFO):
         logging.getLogger("harness").setLevel(logging.INFO)
         logging.getLogger("faults").setLevel(logging.INFO)
@@ -93,8 +102,6 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
 @app.command()
 def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON).")) -> None:
     """Validate an experiment (file, faults, arguments, models, ports) without starting anything."""
-    from harness.experiment.runner import load_experiment
-
     try:
         exp = load_experiment(file)
     except SpecchaosError as exc:
@@ -106,15 +113,13 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run directory written by `specchaos run`.")) -> None:
     """Re-judge a finished run from its saved records and timeline, and rewrite report.json."""
-    from harness.experiment.runner import EXIT_CODES, rejudge
-    from harness.report.summary import print_summary
-
     try:
         rep = rejudge(run_dir)
     except SpecchaosError as exc:
         _fail(exc)
         return
     print_summary(rep, out)
+    out.print(f"report rewritten: {run_dir / 'report.json'}", highlight=False)
     raise typer.Exit(EXIT_CODES.get(rep["verdict"], 2))
 
 
@@ -122,8 +127,6 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
 def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where to build target, draft-exact, draft-noisy."),
                  force: bool = typer.Option(False, "--force", help="Rebuild even if the models verify.")) -> None:
     """Build the tiny Llama target and its drafts, offline and deterministically (skips when built)."""
-    from harness.stack.models import build_models
-
     try:
         info = build_models(dir, force=force)
     except SpecchaosError as exc:
@@ -138,8 +141,6 @@ def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where t
 def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down runs whose owner still lives."),
             state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Default: $SPECCHAOS_STATE_DIR or ~/.local/state/specchaos.")) -> None:
     """Kill servers/load left by a crashed run and revert its open faults (pid-reuse safe)."""
-    from faults.cleanup import cleanup as do_cleanup
-
     res = do_cleanup(state_dir, force=force)
     out.print(f"cleanup: {res['runs']} crashed run(s) cleaned; killed {len(res['killed'])} process(es)"
               f"{' ' + str(res['killed']) if res['killed'] else ''}; reverted {len(res['faults_reverted'])} fault(s)"
@@ -149,6 +150,27 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
         err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)
     if res["errors"]:
         raise typer.Exit(2)
+
+
+@app.command()
+def faults() -> None:
+    """List the fault families: their typed Chaos Toolkit actions, arguments and the process roles."""
+    table = Table(title="fault families (module harness.experiment.actions)", title_justify="left")
+    for col in ("family", "action", "arguments (default)", "what it does"):
+        table.add_column(col, overflow="fold")
+    for kind, cls in sorted(REGISTRY.items()):
+        action = FAULT_ACTIONS[cls.activity]
+        args = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                         for p in inspect.signature(action).parameters.values())
+        doc = (inspect.getdoc(cls) or "").splitlines()[0]
+        table.add_row(kind, cls.activity, args, doc)
+    out.print(table)
+    roles = Table(title="process roles of a vLLM server (argument role)", title_justify="left")
+    roles.add_column("role")
+    roles.add_column("process", overflow="fold")
+    for role, what in ROLE_DOCS.items():
+        roles.add_row(role, what)
+    out.print(roles)
 
 
 def main() -> None:

@@ -6,6 +6,11 @@ Anything else escaping is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing only: pydantic is not needed to raise these errors
+    from pydantic import ValidationError
+
 
 class SpecchaosError(Exception):
     """A user-facing error: says what went wrong, where, and what to do next.
@@ -48,3 +53,15 @@ class LoadError(SpecchaosError):
 
 class FaultError(SpecchaosError):
     """A fault could not be injected, or left no evidence that it acted."""
+
+
+def first_error(exc: "ValidationError") -> tuple[str, str, str]:
+    """The first error of a pydantic validation as ``(dotted field path, message, type)``.
+
+    The message loses pydantic's ``"Value error, "`` prefix; the path is ``""`` for an
+    error at model level. Used wherever a pydantic model meets user input (experiment
+    configuration, fault arguments, a saved ``config.json``), so every such error reads
+    the same.
+    """
+    err = exc.errors()[0]
+    return ".".join(str(p) for p in err["loc"]), str(err["msg"]).removeprefix("Value error, "), err["type"]

@@ -26,6 +26,8 @@ from typing import Any
 
 from harness.clock import now
 
+__all__ = ["Timeline", "read_timeline", "fault_summary", "server_events", "count_restarts"]
+
 
 class Timeline:
     """Thread-safe append-only event log backed by a JSONL file (or memory only).
@@ -75,3 +77,50 @@ def read_timeline(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return sorted(events, key=lambda e: e["t"])
+
+
+#: The stack's server lifecycle events.
+_SERVER_EVENTS = ("server_started", "server_ready", "server_exited", "server_restarting", "server_gave_up")
+
+
+def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per ``fault_injected`` event, in time order: ``{"fault_id", "kind",
+    "target", "injected_at", "cleared_at", "acted", "evidence"}``. ``acted`` comes from the
+    last ``fault_evidence`` event of that fault (False when there is none)."""
+    faults: list[dict[str, Any]] = []
+    by_id: dict[Any, dict[str, Any]] = {}
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e.get("source", "fault") != "fault":
+            continue
+        ev, fid = e.get("event"), e.get("fault_id")
+        if ev == "fault_injected":
+            entry = {"fault_id": fid, "kind": e.get("kind"), "target": e.get("target"),
+                     "injected_at": e["t"], "cleared_at": None, "acted": False, "evidence": None}
+            faults.append(entry)
+            by_id[fid] = entry
+        elif ev == "fault_evidence" and fid in by_id:
+            by_id[fid]["acted"] = bool(e.get("acted"))
+            by_id[fid]["evidence"] = e.get("evidence")
+        elif ev == "fault_cleared" and fid in by_id and by_id[fid]["cleared_at"] is None:
+            by_id[fid]["cleared_at"] = e["t"]
+    return faults
+
+
+def server_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stack's ``server_*`` events (any server), in time order."""
+    return [e for e in sorted(events, key=lambda e: e["t"]) if e.get("event") in _SERVER_EVENTS]
+
+
+def count_restarts(events: list[dict[str, Any]], server: str = "spec") -> int:
+    """Supervised restarts of ``server``: ``server_restarting`` events each followed by a
+    ``server_started`` of that server."""
+    n, pending = 0, False
+    for e in server_events(events):
+        if e.get("server") != server:
+            continue
+        if e["event"] == "server_restarting":
+            pending = True
+        elif e["event"] == "server_started" and pending:
+            n += 1
+            pending = False
+    return n

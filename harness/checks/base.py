@@ -1,9 +1,18 @@
-"""The result every check returns."""
+"""What every check takes and returns: a :class:`RecordedRun` in, a list of :class:`CheckResult` out.
+
+A check is a plain function ``check(run: RecordedRun) -> list[CheckResult]`` over data
+that was recorded (request records, the timeline, the Chaos Toolkit journal); it never
+talks to a server. The registry (:mod:`harness.checks.registry`) lists every check once.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Union
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Union
+
+from harness.checks.config import CheckLimits
+from harness.load.records import RequestRecord
 
 Number = Union[int, float]
 
@@ -33,3 +42,45 @@ class CheckResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class RecordedRun:
+    """Everything a check may judge, all of it recorded data (see
+    :func:`harness.checks.run.load_run` for how a run directory becomes one).
+
+    Fields:
+        records: the load records (``source == "load"``), warm-up included.
+        reference: the complete non-speculative reference record per ``prompt_id``.
+        events: timeline events in time order (:mod:`harness.timeline`).
+        limits: the run's configuration (:class:`~harness.checks.config.CheckLimits`).
+        windows: ``{phase: (start, end)}``, epoch seconds.
+        members: ``{phase: [records]}``, the requests each phase answers for.
+        phases: ``{phase: metrics}`` (:func:`harness.metrics.phases.phase_metrics`).
+        faults: one summary per injected fault (:func:`harness.timeline.fault_summary`).
+        journal: the Chaos Toolkit journal, None when the run has none.
+        run_dir: where the data was read from (None when built in memory).
+        memo: scratch space for a check family to share one computation between its
+            checks and its report section (keyed by family name).
+    """
+
+    records: list[RequestRecord]
+    reference: dict[int, RequestRecord]
+    events: list[dict[str, Any]]
+    limits: CheckLimits
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)
+    members: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    journal: dict[str, Any] | None = None
+    run_dir: Path | None = None
+    memo: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fault_time(self) -> float | None:
+        """Epoch seconds of the first fault's injection (None when no fault was injected)."""
+        return self.faults[0]["injected_at"] if self.faults else None
+
+
+#: The one signature of a check.
+Check = Callable[[RecordedRun], "list[CheckResult]"]

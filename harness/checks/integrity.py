@@ -17,14 +17,12 @@ import dataclasses
 import logging
 from typing import Iterable, Sequence
 
-from harness.checks.base import CheckResult
-from harness.load.records import RequestRecord
+from harness.checks.base import CheckResult, RecordedRun
+from harness.load.records import RequestRecord, is_complete, presented_finished
 
 __all__ = [
-    "FINISH_REASONS",
-    "PAYLOAD_ERRORS",
-    "is_complete",
-    "presented_finished",
+    "check",
+    "section",
     "divergence_index",
     "first_divergence",
     "integrity_checks",
@@ -32,62 +30,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = ("stop", "length")
 _EXAMPLES = 5
-
-
-#: Client error classes that describe the server's payload rather than an error the server
-#: reported: the load client labels "[DONE] without a finish_reason" ``bad_payload``.
-PAYLOAD_ERRORS = ("bad_payload",)
-
-
-def presented_finished(r: RequestRecord) -> bool:
-    """True when the server presented the response as finished: HTTP 200, the stream ended
-    with ``[DONE]``, and no error was reported (the client's own ``bad_payload`` label on a
-    finished stream, e.g. ``[DONE]`` without a finish_reason, is the malformation itself,
-    not an error the server reported)."""
-    return r.status == 200 and bool(r.done) and (r.error is None or r.error in PAYLOAD_ERRORS)
-
-
-def is_complete(r: RequestRecord) -> tuple[bool, str]:
-    """Strictly re-derive whether a response is complete; never trusts ``r.ok``.
-
-    Complete means all of: HTTP 200; no error; ``[DONE]`` seen; the exchange ended
-    (``e2e_s`` known); ``finish_reason`` in ``{"stop", "length"}``; ``output_tokens``
-    (``usage.completion_tokens``) known; one token count per chunk arrival;
-    ``sum(chunk_tokens) == output_tokens``; ``len(token_ids) == output_tokens`` when token
-    ids were returned; ``max_tokens`` recorded and ``output_tokens ≤ max_tokens``; and
-    ``finish_reason == "length"`` ⇒ ``output_tokens == max_tokens``.
-
-    Returns:
-        ``(True, "")``, or ``(False, reason)`` with the first broken rule in words.
-    """
-    if r.status != 200:
-        return False, f"HTTP status {r.status}"
-    if r.error is not None:
-        return False, f"error {r.error}" + (f": {r.error_detail}" if r.error_detail else "")
-    if not r.done:
-        return False, "stream ended before [DONE]"
-    if r.e2e_s is None:
-        return False, "exchange never ended"
-    if r.finish_reason not in FINISH_REASONS:
-        return False, f"finish_reason {r.finish_reason!r} not in {FINISH_REASONS}"
-    if r.output_tokens is None:
-        return False, "no usage.completion_tokens"
-    if len(r.chunk_tokens) != len(r.chunk_offsets_s):
-        return False, f"{len(r.chunk_tokens)} chunk token counts for {len(r.chunk_offsets_s)} chunk arrivals"
-    total = sum(r.chunk_tokens)
-    if total != r.output_tokens:
-        return False, f"chunks carried {total} tokens, usage says {r.output_tokens}"
-    if r.token_ids is not None and len(r.token_ids) != r.output_tokens:
-        return False, f"{len(r.token_ids)} token ids, usage says {r.output_tokens}"
-    if r.max_tokens <= 0:
-        return False, "max_tokens not recorded"
-    if r.output_tokens > r.max_tokens:
-        return False, f"{r.output_tokens} output tokens exceed max_tokens {r.max_tokens}"
-    if r.finish_reason == "length" and r.output_tokens != r.max_tokens:
-        return False, f"finish_reason 'length' at {r.output_tokens} tokens, max_tokens is {r.max_tokens}"
-    return True, ""
 
 
 def divergence_index(got: Sequence, expected: Sequence) -> int | None:
@@ -226,3 +169,19 @@ def integrity_checks(
         "examples": examples,
     }
     return checks, summary
+
+
+def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
+    if "integrity" not in run.memo:
+        run.memo["integrity"] = integrity_checks(run.records, run.reference, run.limits.integrity.min_compared)
+    return run.memo["integrity"]
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """The integrity checks of a recorded run (see :func:`integrity_checks`)."""
+    return _judged(run)[0]
+
+
+def section(run: RecordedRun) -> dict:
+    """``report.json``'s ``integrity``: the counts and examples of :func:`integrity_checks`."""
+    return _judged(run)[1]

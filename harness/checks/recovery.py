@@ -12,7 +12,7 @@ a process death), each ``None`` if never reached:
   the fault.
 * **time_to_slo_s** — the end of the first rolling window of ``rc.slo_window_s`` after the
   fault (stepping by request completion) with ≥ 3 requests, no errors, and p95 TTFT and
-  p95 E2E within ``baseline p95 × rc.slo_tolerance``.
+  p95 E2E within ``baseline p95 × rc.baseline_p95_factor``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from harness.checks.base import CheckResult
-from harness.checks.integrity import is_complete
-from harness.experiment.config import RecoveryConfig
-from harness.load.records import RequestRecord
+from harness.checks.base import RecordedRun
+from harness.checks.config import RecoveryConfig
+from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, percentiles, ttft_s
 
-__all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks"]
+__all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
+           "check", "section"]
 
 MIN_WINDOW_REQUESTS = 3
 _CRITERIA = {
@@ -75,10 +76,10 @@ def _window_ok(window: list[RequestRecord], baseline: dict, rc: RecoveryConfig) 
         return False
     w_ttft = percentiles((ttft_s(r) for r in window), (95,))["p95"]
     w_e2e = percentiles((e2e_s(r) for r in window), (95,))["p95"]
-    if w_e2e is None or w_e2e > b_e2e * rc.slo_tolerance:
+    if w_e2e is None or w_e2e > b_e2e * rc.baseline_p95_factor:
         return False
     # A window where no request carried output has no TTFT to hold; E2E still judged.
-    return w_ttft is None or w_ttft <= b_ttft * rc.slo_tolerance
+    return w_ttft is None or w_ttft <= b_ttft * rc.baseline_p95_factor
 
 
 def first_slo_window_end(
@@ -89,8 +90,8 @@ def first_slo_window_end(
     Windows are ``[end − rc.slo_window_s, end]``, one per request completion ``end`` with
     ``end − rc.slo_window_s ≥ since``; a window holds the requests that *ended* inside it.
     It qualifies with ≥ 3 requests, none of them an error (not complete), p95 TTFT ≤
-    baseline p95 TTFT × ``rc.slo_tolerance`` and p95 E2E ≤ baseline p95 E2E ×
-    ``rc.slo_tolerance``. Used live by the runner and after the fact by the judge.
+    baseline p95 TTFT × ``rc.baseline_p95_factor`` and p95 E2E ≤ baseline p95 E2E ×
+    ``rc.baseline_p95_factor``. Used live by the runner and after the fact by the judge.
 
     Args:
         records: load records (any order; unfinished ones are ignored).
@@ -167,3 +168,24 @@ def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig) -> list[
             ok = t <= limit
             out.append(CheckResult(name, "recovery", ok, t, limit, f"{what} after {t:.3g} s ({'≤' if ok else '>'} {limit:g} s)"))
     return out
+
+
+def _times(run: RecordedRun) -> dict[str, float | None]:
+    if "recovery.times" not in run.memo:
+        t = run.fault_time
+        run.memo["recovery.times"] = (
+            {k: None for k in _CRITERIA} if t is None
+            else recovery_times(run.records, run.events, t, run.phases.get("baseline") or {}, run.limits.recovery))
+    return run.memo["recovery.times"]
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """The recovery checks of a recorded run (none when no fault was injected: the
+    judge reports that as a run error)."""
+    return [] if run.fault_time is None else recovery_checks(_times(run), run.limits.recovery)
+
+
+def section(run: RecordedRun) -> dict[str, Any]:
+    """``report.json``'s ``recovery``: the three times (seconds or None) and
+    ``measured_from`` (epoch s of the fault, None without one)."""
+    return {**_times(run), "measured_from": run.fault_time}

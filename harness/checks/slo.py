@@ -1,28 +1,33 @@
-"""SLO and degradation checks over per-phase metrics (:func:`harness.metrics.phases.phase_metrics`).
+"""SLO, degradation and coverage checks over per-phase metrics
+(:func:`harness.metrics.phases.phase_metrics`).
 
-* ``slo.<baseline|after>.<metric>_p95_s`` — p95 TTFT, TPOT, ITL (per token) and E2E
-  within the declared SLO, and ``slo.<phase>.error_rate`` within ``slo.error_rate``;
+* ``slo.<baseline|after>.<metric>_p95_s`` — p95 TTFT, TPOT, ITL (per chunk, vLLM's
+  definition), E2E and, when ``slo.itl_per_token_p95_s`` is set, ITL per token, within
+  the declared SLO; ``slo.<phase>.error_rate`` within ``slo.error_rate``;
 * ``degradation.fault.error_rate`` — errors while the fault acts within
-  ``fault_max_error_rate``;
+  ``fault_max_error_rate`` (only when that limit is set);
 * ``degradation.after_vs_baseline.<metric>_p95_ratio`` — after ÷ baseline p95 for TTFT,
   TPOT and E2E within ``after_vs_baseline_max_ratio``;
 * ``coverage.<phase>.requests`` — every phase has at least ``min_requests_per_phase``.
 
 A missing phase or a metric without data fails with ``observed=None``: nothing is ever
-passed vacuously.
+passed vacuously. The steady-state probe ``within_slo`` judges the current phase with
+:func:`phase_slo_checks`, the same rules.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.checks.base import CheckResult
-from harness.experiment.config import DegradationConfig, SloConfig
+from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.config import DegradationConfig, SloConfig
 from harness.metrics.phases import PHASES
 
-__all__ = ["slo_checks"]
+__all__ = ["phase_slo_checks", "coverage_check", "slo_checks", "check"]
 
-_SLO_METRICS = (("ttft", "ttft_s", "ttft_p95_s"), ("tpot", "tpot_s", "tpot_p95_s"), ("itl", "itl_s", "itl_p95_s"), ("e2e", "e2e_s", "e2e_p95_s"))
+#: (short name, phase metric key, SloConfig limit field) of every p95 latency SLO.
+_SLO_METRICS = (("ttft", "ttft_s", "ttft_p95_s"), ("tpot", "tpot_s", "tpot_p95_s"), ("itl", "itl_s", "itl_p95_s"),
+                ("itl_per_token", "itl_per_token_s", "itl_per_token_p95_s"), ("e2e", "e2e_s", "e2e_p95_s"))
 _RATIO_METRICS = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s"))
 
 
@@ -37,6 +42,39 @@ def _le(name: str, category: str, observed: float | None, limit: float, what: st
         return CheckResult(name, category, False, None, limit, f"{what}: {missing}")
     ok = observed <= limit
     return CheckResult(name, category, ok, observed, limit, f"{what} {observed:.4g} {'≤' if ok else '>'} {limit:g}")
+
+
+def phase_slo_checks(phase: str, m: dict[str, Any] | None, slo: SloConfig) -> list[CheckResult]:
+    """The SLO checks of one phase: p95 of each latency metric whose limit is set, and
+    the error rate.
+
+    Args:
+        phase: the phase's name (used in check names, e.g. ``slo.after.ttft_p95_s``).
+        m: the phase's metrics, None if the phase never ran.
+        slo: the limits (seconds, p95; error rate as a fraction).
+    """
+    out = []
+    missing = f"phase {phase!r} never ran" if m is None else "no complete request to measure"
+    for short, key, limit_key in _SLO_METRICS:
+        limit = getattr(slo, limit_key)
+        if limit is None:
+            continue
+        label = "ITL per token" if short == "itl_per_token" else short.upper()
+        out.append(_le(f"slo.{phase}.{short}_p95_s", "slo", _p95(m, key), limit, f"{phase} p95 {label} (s)", missing))
+    er = None if m is None else m.get("error_rate")
+    out.append(_le(f"slo.{phase}.error_rate", "slo", er, slo.error_rate, f"{phase} error rate",
+                   missing if m is None else "no request sent"))
+    return out
+
+
+def coverage_check(phase: str, m: dict[str, Any] | None, need: int) -> CheckResult:
+    """``coverage.<phase>.requests``: the phase sent at least ``need`` requests."""
+    if m is None:
+        return CheckResult(f"coverage.{phase}.requests", "coverage", False, None, need, f"phase {phase!r} never ran")
+    n = int(m.get("requests", 0))
+    ok = n >= need
+    return CheckResult(f"coverage.{phase}.requests", "coverage", ok, n, need,
+                       f"{n} requests sent in phase {phase!r} ({'≥' if ok else '<'} {need} needed)")
 
 
 def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) -> list[CheckResult]:
@@ -54,17 +92,7 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
     """
     out: list[CheckResult] = []
     for ph in ("baseline", "after"):
-        m = phases.get(ph)
-        missing = f"phase {ph!r} never ran" if m is None else "no complete request to measure"
-        for short, key, limit_key in _SLO_METRICS:
-            out.append(
-                _le(f"slo.{ph}.{short}_p95_s", "slo", _p95(m, key), getattr(slo, limit_key), f"{ph} p95 {short.upper()} (s)", missing)
-            )
-        er = None if m is None else m.get("error_rate")
-        out.append(
-            _le(f"slo.{ph}.error_rate", "slo", er, slo.error_rate, f"{ph} error rate",
-                missing if m is None else "no request sent")
-        )
+        out += phase_slo_checks(ph, phases.get(ph), slo)
 
     if deg.fault_max_error_rate is not None:
         m = phases.get("fault")
@@ -93,16 +121,10 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
             continue
         out.append(_le(name, "degradation", ratio, limit, f"{what} ({a:.4g}/{b:.4g})", ""))
 
-    for ph in PHASES:
-        m = phases.get(ph)
-        n = None if m is None else int(m.get("requests", 0))
-        need = deg.min_requests_per_phase
-        if n is None:
-            out.append(CheckResult(f"coverage.{ph}.requests", "coverage", False, None, need, f"phase {ph!r} never ran"))
-        else:
-            ok = n >= need
-            out.append(
-                CheckResult(f"coverage.{ph}.requests", "coverage", ok, n, need,
-                            f"{n} requests sent in phase {ph!r} ({'≥' if ok else '<'} {need} needed)")
-            )
+    out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES]
     return out
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """The SLO, degradation and coverage checks of a recorded run."""
+    return slo_checks(run.phases, run.limits.slo, run.limits.degradation)

@@ -2,34 +2,54 @@
 harness.experiment.actions, func: ...}``). Each is a small typed function; the
 session (opened by the ``specchaos`` control) carries the stack, load and ledger.
 
-Phases are marked here, on the run's one clock: ``inject_fault`` starts the
-``fault`` phase and, once the fault is cleared, the ``recovery`` phase;
-``await_recovery`` then waits for the stack to be back within SLO;
-``hold_phase("after", ...)`` runs the ``after`` phase.
+Fault actions: one typed action per fault family, generated from the family's
+parameter model (:data:`faults.registry.REGISTRY`; e.g. ``kill_process(server, role,
+signal, expect_restart, gone_timeout_s, duration_s, evidence_timeout_s)``), so Chaos
+Toolkit validates an experiment's arguments against a real signature and
+``chaos discover`` lists every family. ``inject_fault(kind, arguments)`` stays as a
+generic alias.
+
+Phases are marked here, on the run's one clock: a fault action starts the ``fault``
+phase and, once the fault is cleared, the ``recovery`` phase; ``await_recovery`` then
+waits for the stack to be back within SLO; ``hold_phase("after", ...)`` runs the
+``after`` phase.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
+from faults.base import Fault
+from faults.registry import REGISTRY
+from harness.checks.recovery import first_slo_window_end
 from harness.errors import FaultError
 from harness.experiment import session as sess
+from harness.load.records import read_records
+from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
+from harness.timeline import fault_summary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["inject_fault", "await_recovery", "hold_phase", "clear_faults"]
+#: Arguments every fault action takes besides its family's parameters.
+_COMMON = (
+    inspect.Parameter("duration_s", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0.0, annotation=float),
+    inspect.Parameter("evidence_timeout_s", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                      annotation=float | None),
+)
 
 
-def inject_fault(kind: str, arguments: dict | None = None, duration_s: float = 0.0,
-                 evidence_timeout_s: float | None = None) -> dict[str, Any]:
+def run_fault(kind: str, params: dict[str, Any], duration_s: float = 0.0,
+              evidence_timeout_s: float | None = None) -> dict[str, Any]:
     """Inject one fault, prove it acted, hold it ``duration_s``, then clear it.
+
+    Marks the ``fault`` phase before acting and the ``recovery`` phase once cleared.
 
     Args:
         kind: fault family name (see ``faults.registry.REGISTRY``), e.g. ``"process-kill"``.
-        arguments: the family's parameters (e.g. ``{"server": "spec", "role": "worker",
-            "signal": "SIGKILL"}``).
+        params: the family's parameters (validated by its ``Params`` model).
         duration_s: seconds the fault stays active, counted from injection (0: clear as
             soon as evidence is in; for a kill, evidence includes the supervised restart).
         evidence_timeout_s: how long to wait for evidence; default ``phases.fault_timeout_s``.
@@ -38,13 +58,14 @@ def inject_fault(kind: str, arguments: dict | None = None, duration_s: float = 0
         ``{"fault_id", "kind", "target", "acted", "evidence"}``.
 
     Raises:
+        ExperimentError: unknown kind or invalid parameters (nothing acted).
         FaultError: the fault could not act or left no evidence (the run becomes an error).
     """
     s = sess.current()
     timeout = evidence_timeout_s if evidence_timeout_s is not None else s.cfg.phases.fault_timeout_s
     s.mark_phase("fault")
     t0 = time.monotonic()
-    handle = s.injector.inject(kind, arguments or {})
+    handle = s.injector.inject(kind, params)
     ev = s.injector.collect_evidence(handle, timeout)
     left = duration_s - (time.monotonic() - t0)
     if left > 0:
@@ -59,21 +80,62 @@ def inject_fault(kind: str, arguments: dict | None = None, duration_s: float = 0
     return out
 
 
+def fault_action(cls: type[Fault]) -> Callable[..., dict[str, Any]]:
+    """The typed action of a fault family: a function named ``cls.activity`` whose
+    parameters are the fields of ``cls.Params`` (same names, types and defaults) plus
+    ``duration_s`` and ``evidence_timeout_s``, calling :func:`run_fault`. Its signature
+    is real (``inspect.signature``), so Chaos Toolkit's argument validation and
+    ``chaos discover`` see it."""
+    fields = cls.Params.model_fields
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=(f.get_default(call_default_factory=True) if not f.is_required()
+                                         else inspect.Parameter.empty),
+                                annotation=f.annotation)
+              for name, f in fields.items()]
+    params.sort(key=lambda p: p.default is not inspect.Parameter.empty)   # required ones first
+    names = [p.name for p in params]
+
+    def action(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        bound = action.__signature__.bind(*args, **kwargs)   # type: ignore[attr-defined]
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        return run_fault(cls.kind, {n: values[n] for n in names}, duration_s=values["duration_s"],
+                         evidence_timeout_s=values["evidence_timeout_s"])
+
+    action.__signature__ = inspect.Signature([*params, *_COMMON],   # type: ignore[attr-defined]
+                                             return_annotation=dict[str, Any])
+    action.__annotations__ = {**{p.name: p.annotation for p in params}, "duration_s": float,
+                              "evidence_timeout_s": float | None, "return": dict[str, Any]}
+    action.__name__ = action.__qualname__ = cls.activity
+    action.__module__ = __name__
+    family_doc = inspect.getdoc(cls.Params) or ""
+    action.__doc__ = (f"Inject the ``{cls.kind}`` fault, prove it acted, hold it ``duration_s`` seconds, clear it.\n\n"
+                      f"{family_doc}\n\n"
+                      "duration_s: seconds the fault stays active from injection (0: clear once evidence is in).\n"
+                      "evidence_timeout_s: how long to wait for evidence (default phases.fault_timeout_s).\n\n"
+                      "Returns {fault_id, kind, target, acted, evidence}; raises FaultError when it left no "
+                      "evidence that it acted.")
+    return action
+
+
+def inject_fault(kind: str, arguments: dict | None = None, duration_s: float = 0.0,
+                 evidence_timeout_s: float | None = None) -> dict[str, Any]:
+    """Generic alias of the typed fault actions: inject fault ``kind`` with ``arguments``
+    (the family's parameters), as :func:`run_fault`. Prefer the typed action of the
+    family (e.g. ``kill_process``), whose arguments Chaos Toolkit can check."""
+    return run_fault(kind, arguments or {}, duration_s=duration_s, evidence_timeout_s=evidence_timeout_s)
+
+
 def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     """Wait until the speculative server is healthy, serves a complete generation, and a
-    rolling window of load requests is back within the baseline tolerance
-    (``recovery.slo_window_s``, ``recovery.slo_tolerance``) — or until ``timeout_s``
+    rolling window of load requests is back within the baseline
+    (``recovery.slo_window_s``, ``recovery.baseline_p95_factor``) — or until ``timeout_s``
     (default ``phases.recovery_timeout_s``). Never raises on a stack that does not come
     back: that is judged (and failed) by the recovery checks, not an error of the run.
 
     Returns:
         ``{"recovered": bool, "waited_s": float, "slo_window_end": float|None}``.
     """
-    from harness.checks.recovery import first_slo_window_end
-    from harness.load.records import read_records
-    from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
-    from harness.report.judge import fault_summary
-
     s = sess.current()
     timeout = timeout_s if timeout_s is not None else s.cfg.phases.recovery_timeout_s
     events = s.timeline.select()
@@ -91,7 +153,7 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     b0, b1 = windows.get("baseline", (fault_t, fault_t))
     records = load_records()
     members = assign_phases(records, windows).get("baseline") if "baseline" in windows else None
-    baseline = phase_metrics(records, b0, b1, s.cfg.slo, members=members)
+    baseline = phase_metrics(records, b0, b1, members=members)
     start = time.monotonic()
     end_t: float | None = None
     while time.monotonic() - start < timeout:
@@ -131,3 +193,22 @@ def clear_faults() -> list[dict[str, Any]]:
         return []
     s.injector.clear_all()
     return s.injector.summary()
+
+
+#: The typed fault actions, one per registered family, by action name.
+FAULT_ACTIONS: dict[str, Callable[..., dict[str, Any]]] = {}
+
+
+def refresh_fault_actions() -> None:
+    """(Re)generate one typed action per family of :data:`faults.registry.REGISTRY` into
+    this module's namespace and ``__all__`` (call after registering a family at run time)."""
+    for name in list(FAULT_ACTIONS):
+        globals().pop(name, None)
+    FAULT_ACTIONS.clear()
+    for cls in REGISTRY.values():
+        FAULT_ACTIONS[cls.activity] = globals()[cls.activity] = fault_action(cls)
+    __all__[:] = [*FAULT_ACTIONS, "inject_fault", "await_recovery", "hold_phase", "clear_faults"]
+
+
+__all__: list[str] = []
+refresh_fault_actions()

@@ -9,8 +9,8 @@ module: harness.experiment.control}}]``). Chaos Toolkit then calls:
   baseline phase, so the steady-state hypothesis *before* the method judges a real
   baseline. Any failure interrupts the experiment (rollbacks still run);
 * ``after_experiment_control``: stops the load, clears every fault, stops the stack,
-  and judges the recorded data into ``report.json`` (strict verdict, see
-  :mod:`harness.experiment.runner`).
+  and, under plain ``chaos run``, judges the recorded data into ``report.json``
+  (``specchaos run`` judges itself once Chaos Toolkit returns the final journal).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from harness.experiment.config import parse_config
 
 log = logging.getLogger(__name__)
 
+#: ``RunInfo.source`` of a session opened by this control (plain ``chaos run``).
+CHAOS_RUN = "chaos run"
+
 __all__ = ["configure_control", "before_experiment_control", "after_experiment_control", "cleanup_control"]
 
 
@@ -42,7 +46,7 @@ def configure_control(configuration: dict | None = None, experiment: dict | None
     cfg = parse_config((configuration or {}).get("specchaos"))
     out = Path(os.environ.get("SPECCHAOS_OUT") or f"results/chaos-{int(now())}")
     title = (experiment or {}).get("title", "experiment")
-    sess.open_session(sess.RunInfo(title=title, source="chaos run", out_dir=out, cfg=cfg))
+    sess.open_session(sess.RunInfo(title=title, source=CHAOS_RUN, out_dir=out, cfg=cfg))
 
 
 def before_experiment_control(context: dict, configuration: dict | None = None, **_: Any) -> None:
@@ -73,15 +77,14 @@ def after_experiment_control(context: dict, state: dict | None = None, configura
         if state and state.get("status") == "interrupted" and not s.errors:
             s.note_interrupt("a signal")
         s.close()
-        s.judge(journal=state)
+        if s.info.source == CHAOS_RUN:
+            s.judge(journal=state)
 
 
-def _note_sigterm(s: "sess.Session") -> None:
+def _note_sigterm(s: sess.Session) -> None:
     """Chain a SIGTERM handler that records the signal on the session before Chaos
     Toolkit's own handler interrupts the experiment (Chaos Toolkit restores its
     predecessor when the run ends). Main thread only."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
@@ -100,8 +103,6 @@ def _note_sigterm(s: "sess.Session") -> None:
 def signals_deferred():
     """Ignore SIGINT/SIGTERM while tearing down (main thread only), so a second Ctrl-C
     cannot leave a server or a fault behind. Restores the previous handlers."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -11,7 +11,12 @@ import logging
 
 import httpx
 
+from harness.checks.slo import coverage_check, phase_slo_checks
+from harness.clock import now
 from harness.experiment import session as sess
+from harness.load.client import stream_completion
+from harness.load.records import append_record, is_complete, read_records
+from harness.metrics.phases import phase_metrics
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +36,6 @@ def server_health(server: str = "spec", timeout_s: float = 5.0) -> int:
 def generation_succeeds(server: str = "spec", timeout_s: float = 30.0) -> bool:
     """True if one greedy streaming completion of the first prompt completes (``[DONE]``,
     a finish_reason, chunk tokens == usage). The record goes to ``probes.jsonl``."""
-    from harness.checks.integrity import is_complete
-    from harness.load.client import stream_completion
-    from harness.load.records import append_record
-
     s = sess.current()
     srv = s.stack.servers[server]
     with httpx.Client() as client:
@@ -49,31 +50,18 @@ def generation_succeeds(server: str = "spec", timeout_s: float = 30.0) -> bool:
 
 def within_slo() -> bool:
     """True if the load records of the current phase (since its ``phase_start``) meet the
-    SLOs of ``configuration.specchaos.slo`` (p95 TTFT, TPOT, ITL per token, E2E, error
-    rate) with at least ``degradation.min_requests_per_phase`` requests."""
-    from harness.clock import now
-    from harness.load.records import read_records
-    from harness.metrics.phases import phase_metrics
-
+    SLOs of ``configuration.specchaos.slo`` and the phase sent at least
+    ``degradation.min_requests_per_phase`` requests — the same rules as the judge's
+    ``slo.<phase>.*`` and ``coverage.<phase>.requests`` checks
+    (:func:`harness.checks.slo.phase_slo_checks`)."""
     s = sess.current()
     starts = s.timeline.select("runner", "phase_start")
     since = starts[-1]["t"] if starts else 0.0
+    phase = starts[-1].get("phase", "current") if starts else "current"
     records = [r for r in read_records(s.records_path) if r.source == "load"]
-    m = phase_metrics(records, since, now(), s.cfg.slo)
-    slo = s.cfg.slo
-    checks = {
-        "requests": m["requests"] >= s.cfg.degradation.min_requests_per_phase,
-        "error_rate": m["error_rate"] is not None and m["error_rate"] <= slo.error_rate,
-        "ttft": _le(m["ttft_s"]["p95"], slo.ttft_p95_s),
-        "tpot": _le(m["tpot_s"]["p95"], slo.tpot_p95_s),
-        "itl": _le(m["itl_s"]["p95"], slo.itl_p95_s),
-        "e2e": _le(m["e2e_s"]["p95"], slo.e2e_p95_s),
-    }
-    missed = [k for k, v in checks.items() if not v]
-    if missed:
-        log.warning("steady state: SLO missed on %s (requests=%s)", ", ".join(missed), m["requests"])
+    m = phase_metrics(records, since, now())
+    checks = [*phase_slo_checks(phase, m, s.cfg.slo), coverage_check(phase, m, s.cfg.degradation.min_requests_per_phase)]
+    missed = [c for c in checks if not c.passed]
+    for c in missed:
+        log.warning("steady state: %s missed: %s", c.name, c.detail)
     return not missed
-
-
-def _le(value: float | None, limit: float) -> bool:
-    return value is not None and value <= limit

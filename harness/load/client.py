@@ -17,7 +17,6 @@ refused with :class:`~harness.errors.LoadError`.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import socket
@@ -32,6 +31,7 @@ from httpx_sse import EventSource, SSEError
 
 from harness import clock
 from harness.errors import LoadError
+from harness.net import LOOPBACK_HINT, is_loopback_host
 from harness.load.prompts import Prompt
 from harness.load.records import RequestRecord
 
@@ -60,17 +60,6 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False) -> dic
     }
 
 
-def is_loopback_host(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
     """Parse ``base_url`` and refuse anything but http(s) to a loopback host.
 
@@ -85,7 +74,7 @@ def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
         raise LoadError(f"not an http(s) URL: {base_url!r}", where=where)
     if not is_loopback_host(url.host):
         raise LoadError(f"refusing non-loopback host {url.host!r}", where=where,
-                        hint="specchaos sends load to 127.0.0.0/8, ::1 or localhost only")
+                        hint=LOOPBACK_HINT)
     return url
 
 

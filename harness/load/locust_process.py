@@ -13,8 +13,6 @@ follows if it is still alive after ``stop(timeout_s)``.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -22,38 +20,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from harness import state
 from harness.errors import LoadError
-from harness.experiment.config import LoadConfig
+from harness.load.config import LoadConfig
 from harness.load.client import check_loopback_url
+from harness.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 
 #: The locustfile, by path: never import it here (importing locust monkey-patches gevent).
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _pdeathsig_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent thread dies
-    (Linux ``prctl(PR_SET_PDEATHSIG)``), or None where prctl is unavailable. libc is
-    resolved before the fork, so the child only makes the system call."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def _tail(path: Path, chars: int = 2000) -> str:
@@ -181,7 +159,7 @@ class LocustProcess:
                 self._proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                     env=self.environment(), cwd=str(self.records_path.parent),  # no stray locust.conf
-                    start_new_session=True, preexec_fn=_pdeathsig_preexec(), close_fds=True,
+                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM), close_fds=True,
                 )
             except OSError as exc:
                 raise LoadError(f"cannot start locust: {exc}", where=str(self.log_path)) from None

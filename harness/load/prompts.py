@@ -106,7 +106,7 @@ def load_token_counter(tokenizer_dir: str | os.PathLike) -> Callable[[str], int]
         raise ModelError("tokenizer directory does not exist", where=str(d),
                          hint="build the tiny models first (models/manifest.json)")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: heavy, only needed to build a prompt set
 
         tok = AutoTokenizer.from_pretrained(str(d))
     except Exception as exc:  # transformers raises many types here

@@ -50,7 +50,7 @@ class RequestRecord:
         done: True if the stream ended with ``data: [DONE]``.
         ok: the client's own verdict: HTTP 200, no error, ``[DONE]`` seen, a
             finish_reason present. Checks re-derive this strictly (see
-            :func:`harness.checks.integrity.is_complete`) and never trust it alone.
+            :func:`is_complete`) and never trust it alone.
     """
 
     request_id: str
@@ -121,3 +121,58 @@ def iter_records(path: str | os.PathLike) -> Iterator[RequestRecord]:
 def read_records(path: str | os.PathLike) -> list[RequestRecord]:
     """All records of a JSONL file (see :func:`iter_records`)."""
     return list(iter_records(path))
+
+
+FINISH_REASONS = ("stop", "length")
+#: Client error classes that describe the server's payload rather than an error the server
+#: reported: the load client labels "[DONE] without a finish_reason" ``bad_payload``.
+PAYLOAD_ERRORS = ("bad_payload",)
+
+
+def presented_finished(r: RequestRecord) -> bool:
+    """True when the server presented the response as finished: HTTP 200, the stream ended
+    with ``[DONE]``, and no error was reported (the client's own ``bad_payload`` label on a
+    finished stream, e.g. ``[DONE]`` without a finish_reason, is the malformation itself,
+    not an error the server reported)."""
+    return r.status == 200 and bool(r.done) and (r.error is None or r.error in PAYLOAD_ERRORS)
+
+
+def is_complete(r: RequestRecord) -> tuple[bool, str]:
+    """Strictly re-derive whether a response is complete; never trusts ``r.ok``.
+
+    Complete means all of: HTTP 200; no error; ``[DONE]`` seen; the exchange ended
+    (``e2e_s`` known); ``finish_reason`` in ``{"stop", "length"}``; ``output_tokens``
+    (``usage.completion_tokens``) known; one token count per chunk arrival;
+    ``sum(chunk_tokens) == output_tokens``; ``len(token_ids) == output_tokens`` when token
+    ids were returned; ``max_tokens`` recorded and ``output_tokens ≤ max_tokens``; and
+    ``finish_reason == "length"`` ⇒ ``output_tokens == max_tokens``.
+
+    Returns:
+        ``(True, "")``, or ``(False, reason)`` with the first broken rule in words.
+    """
+    if r.status != 200:
+        return False, f"HTTP status {r.status}"
+    if r.error is not None:
+        return False, f"error {r.error}" + (f": {r.error_detail}" if r.error_detail else "")
+    if not r.done:
+        return False, "stream ended before [DONE]"
+    if r.e2e_s is None:
+        return False, "exchange never ended"
+    if r.finish_reason not in FINISH_REASONS:
+        return False, f"finish_reason {r.finish_reason!r} not in {FINISH_REASONS}"
+    if r.output_tokens is None:
+        return False, "no usage.completion_tokens"
+    if len(r.chunk_tokens) != len(r.chunk_offsets_s):
+        return False, f"{len(r.chunk_tokens)} chunk token counts for {len(r.chunk_offsets_s)} chunk arrivals"
+    total = sum(r.chunk_tokens)
+    if total != r.output_tokens:
+        return False, f"chunks carried {total} tokens, usage says {r.output_tokens}"
+    if r.token_ids is not None and len(r.token_ids) != r.output_tokens:
+        return False, f"{len(r.token_ids)} token ids, usage says {r.output_tokens}"
+    if r.max_tokens <= 0:
+        return False, "max_tokens not recorded"
+    if r.output_tokens > r.max_tokens:
+        return False, f"{r.output_tokens} output tokens exceed max_tokens {r.max_tokens}"
+    if r.finish_reason == "length" and r.output_tokens != r.max_tokens:
+        return False, f"finish_reason 'length' at {r.output_tokens} tokens, max_tokens is {r.max_tokens}"
+    return True, ""

@@ -5,15 +5,15 @@ chunk and per token), E2E, request throughput and goodput. See :mod:`.latency` (
 request) and :mod:`.phases` (per phase window).
 """
 
-from harness.metrics.latency import e2e_s, itl_chunk_s, itl_token_s, percentiles, tpot_s, ttft_s
+from harness.metrics.latency import e2e_s, itl_per_token_s, itl_s, percentiles, tpot_s, ttft_s
 from harness.metrics.phases import PHASES, assign_phases, is_good, phase_metrics, phase_windows, records_in
 
 __all__ = [
     "ttft_s",
     "e2e_s",
     "tpot_s",
-    "itl_chunk_s",
-    "itl_token_s",
+    "itl_s",
+    "itl_per_token_s",
     "percentiles",
     "PHASES",
     "phase_windows",

@@ -4,7 +4,7 @@ module ``vllm.benchmarks.serve``), one small function each.
 Every function takes one :class:`~harness.load.records.RequestRecord` and returns seconds
 (or a list of seconds); ``None`` (or ``[]``) when the record cannot give the value.
 They do not judge whether the request succeeded: callers feed only *complete* requests
-(:func:`harness.checks.integrity.is_complete`) into latency statistics, as vLLM feeds only
+(:func:`harness.load.records.is_complete`) into latency statistics, as vLLM feeds only
 successful outputs.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.load.records import RequestRecord
 
-__all__ = ["ttft_s", "e2e_s", "tpot_s", "itl_chunk_s", "itl_token_s", "percentiles"]
+__all__ = ["ttft_s", "e2e_s", "tpot_s", "itl_s", "itl_per_token_s", "percentiles"]
 
 
 def ttft_s(r: RequestRecord) -> float | None:
@@ -54,26 +54,28 @@ def tpot_s(r: RequestRecord) -> float | None:
     return (e - t) / (n - 1)
 
 
-def itl_chunk_s(r: RequestRecord) -> list[float]:
-    """Inter-token latency per chunk, seconds: the gaps between consecutive output chunks
+def itl_s(r: RequestRecord) -> list[float]:
+    """Inter-token latency, seconds per chunk: the gaps between consecutive output chunks
     (``len(chunks) − 1`` values).
 
-    Source: ``itl`` in vLLM's serving benchmark, which records one gap per streamed chunk.
+    Source: ``itl`` in vLLM's serving benchmark, which records one gap per streamed chunk
+    (the field's definition: with speculative decoding one chunk may carry several
+    tokens; see :func:`itl_per_token_s` for the per-token variant).
     """
     offs = r.chunk_offsets_s
     return [float(b - a) for a, b in zip(offs, offs[1:])]
 
 
-def itl_token_s(r: RequestRecord) -> list[float]:
-    """Inter-token latency per token, seconds per token: each chunk gap ÷ the tokens in the
-    later chunk.
+def itl_per_token_s(r: RequestRecord) -> list[float]:
+    """ITL per token (a specchaos variant, not vLLM's ITL), seconds per token: each chunk
+    gap ÷ the tokens in the later chunk.
 
     Speculative decoding bundles several accepted tokens into one chunk, so the per-chunk
     gap overstates the time per token; this spreads each gap over the tokens it brought.
     A chunk recorded with ≤ 0 tokens counts as one token. Same length as
-    :func:`itl_chunk_s`.
+    :func:`itl_s`.
     """
-    gaps = itl_chunk_s(r)
+    gaps = itl_s(r)
     toks = list(r.chunk_tokens[1:]) if len(r.chunk_tokens) == len(r.chunk_offsets_s) else []
     if len(toks) != len(gaps):
         return gaps

@@ -7,7 +7,7 @@ one starts; a phase that never started is absent.
 
 Metric definitions follow vLLM's serving benchmark (see :mod:`harness.metrics.latency`).
 Latency statistics use only *complete* requests
-(:func:`harness.checks.integrity.is_complete`); a cut stream is an error, never a
+(:func:`harness.load.records.is_complete`); a cut stream is an error, never a
 success, whatever the client's ``ok`` says.
 """
 
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from harness.checks.integrity import is_complete
-from harness.experiment.config import SloConfig
-from harness.load.records import RequestRecord
-from harness.metrics.latency import e2e_s, itl_chunk_s, itl_token_s, percentiles, tpot_s, ttft_s
+from harness.load.records import RequestRecord, is_complete
+from harness.metrics.config import GoodputConfig
+from harness.metrics.latency import e2e_s, itl_per_token_s, itl_s, percentiles, tpot_s, ttft_s
 
 __all__ = ["PHASES", "phase_windows", "records_in", "assign_phases", "is_good", "phase_metrics"]
 
@@ -93,9 +92,10 @@ def assign_phases(
     return out
 
 
-def is_good(r: RequestRecord, slo: SloConfig) -> bool:
-    """Whether a complete request met every per-request SLO, as vLLM's ``--goodput``:
-    TTFT ≤ ``slo.ttft_p95_s``, TPOT ≤ ``slo.tpot_p95_s`` and E2E ≤ ``slo.e2e_p95_s``.
+def is_good(r: RequestRecord, goodput: GoodputConfig) -> bool:
+    """Whether a complete request met every per-request goodput limit that is set, as
+    ``vllm bench serve --goodput``: TTFT ≤ ``goodput.ttft_s``, TPOT ≤ ``goodput.tpot_s``,
+    E2E ≤ ``goodput.e2e_s`` (seconds).
 
     As in vLLM, a request with ≤ 1 output token has TPOT 0 for this test; one that carried
     no output chunk at all has its TTFT taken as its E2E. Not-complete requests are never good.
@@ -108,7 +108,8 @@ def is_good(r: RequestRecord, slo: SloConfig) -> bool:
     t = ttft_s(r)
     t = e if t is None else t
     p = tpot_s(r) or 0.0
-    return t <= slo.ttft_p95_s and p <= slo.tpot_p95_s and e <= slo.e2e_p95_s
+    return ((goodput.ttft_s is None or t <= goodput.ttft_s) and (goodput.tpot_s is None or p <= goodput.tpot_s)
+            and (goodput.e2e_s is None or e <= goodput.e2e_s))
 
 
 def _rate(n: float, duration: float) -> float | None:
@@ -116,7 +117,7 @@ def _rate(n: float, duration: float) -> float | None:
 
 
 def phase_metrics(
-    records: Iterable[RequestRecord], start: float, end: float, slo: SloConfig | None = None,
+    records: Iterable[RequestRecord], start: float, end: float, goodput: GoodputConfig | None = None,
     members: Iterable[RequestRecord] | None = None,
 ) -> dict[str, Any]:
     """Metrics of one phase window ``[start, end)`` (epoch seconds).
@@ -124,7 +125,8 @@ def phase_metrics(
     Args:
         records: every load record of the run (the window is applied here).
         start, end: the phase window (see :func:`phase_windows`).
-        slo: per-request SLOs for goodput; ``None`` leaves ``goodput_rps`` as None.
+        goodput: per-request limits for goodput; ``None`` or no limit set leaves
+            ``goodput_rps`` as None (as vLLM without ``--goodput``).
         members: the requests this phase answers for (see :func:`assign_phases`);
             default: those sent inside the window (:func:`records_in`).
 
@@ -136,14 +138,14 @@ def phase_metrics(
             complete          of those, complete (is_complete)
             errors            of those, not complete
             error_rate        errors / requests (None without requests)
-            ttft_s, tpot_s, e2e_s, itl_s (per token), itl_chunk_s (per chunk):
+            ttft_s, tpot_s, e2e_s, itl_s (per chunk, vLLM's ITL), itl_per_token_s:
                               {"p50","p95","p99"} over the phase's complete requests
             output_tokens     tokens of complete requests whose chunk ARRIVED in the window
                               (any send time: send_time + chunk_offsets_s)
             output_tokens_per_s   output_tokens / duration
             request_throughput_rps  complete requests / duration (vLLM's request throughput)
-            goodput_rps       complete requests meeting every per-request SLO / duration
-                              (vLLM's request goodput); None without ``slo``
+            goodput_rps       complete requests meeting every per-request goodput limit
+                              / duration (vLLM's request goodput); None without limits
             mean_tokens_per_chunk   output tokens / output chunks over the phase's
                               complete requests (> 1 means speculative bundling)
 
@@ -165,7 +167,7 @@ def phase_metrics(
 
     chunks = sum(len(r.chunk_tokens) for r in complete)
     ctoks = sum(sum(r.chunk_tokens) for r in complete)
-    good = sum(1 for r in complete if is_good(r, slo)) if slo is not None else None
+    good = sum(1 for r in complete if is_good(r, goodput)) if goodput is not None and goodput.enabled else None
 
     return {
         "start": float(start),
@@ -177,8 +179,8 @@ def phase_metrics(
         "error_rate": errors / len(sent) if sent else None,
         "ttft_s": percentiles(ttft_s(r) for r in complete),
         "tpot_s": percentiles(tpot_s(r) for r in complete),
-        "itl_s": percentiles(v for r in complete for v in itl_token_s(r)),
-        "itl_chunk_s": percentiles(v for r in complete for v in itl_chunk_s(r)),
+        "itl_s": percentiles(v for r in complete for v in itl_s(r)),
+        "itl_per_token_s": percentiles(v for r in complete for v in itl_per_token_s(r)),
         "e2e_s": percentiles(e2e_s(r) for r in complete),
         "output_tokens": tokens,
         "output_tokens_per_s": _rate(tokens, duration),

@@ -11,7 +11,8 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                  "cleared_at": float|null, "acted": bool, "evidence": dict|null}],
      "fault_time": float|null,
      "phases": {phase: {"start", "end", "duration_s", "requests", "complete", "errors",
-                        "error_rate", "ttft_s", "tpot_s", "itl_s", "itl_chunk_s", "e2e_s"
+                        "error_rate", "ttft_s", "tpot_s", "itl_s" (per chunk, as vLLM),
+                        "itl_per_token_s", "e2e_s"
                         ({"p50","p95","p99"}), "output_tokens", "output_tokens_per_s",
                         "request_throughput_rps", "goodput_rps", "mean_tokens_per_chunk"}},
      "checks": [{"name", "category", "passed", "observed", "limit", "detail"}],
@@ -20,7 +21,7 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                    "first_divergence", "examples"},
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",
                   "measured_from": float|null},
-     "fail_fast": {"in_flight": int},
+     "fail_fast": {"in_flight": int, "max_error_latency_s": float},
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
      "steady_state": {...}, "generated_at": float}
@@ -70,13 +71,13 @@ def build_report(
     phases: dict[str, dict[str, Any]],
     checks: Iterable[CheckResult | dict[str, Any]],
     requests: dict[str, int],
-    integrity: dict[str, Any],
-    recovery: dict[str, Any],
     restarts: int,
     errors: list[str],
     **extra: Any,
 ) -> dict[str, Any]:
-    """Assemble the report dict (see module doc); ``extra`` fields are added as given.
+    """Assemble the report dict (see module doc); ``extra`` fields (the check families'
+    sections such as ``integrity`` and ``recovery``, and what the runner knows) are
+    added as given.
 
     Checks keep their order. The result is strict-JSON safe (:func:`jsonable`).
     """
@@ -90,8 +91,6 @@ def build_report(
         "phases": phases,
         "checks": rows,
         "requests": requests,
-        "integrity": integrity,
-        "recovery": recovery,
         "restarts": int(restarts),
         "errors": list(errors),
         **extra,

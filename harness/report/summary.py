@@ -1,6 +1,6 @@
 """A readable terminal summary of a report (rich tables).
 
-Verdict line, per-phase table (requests, errors, p50/p95 TTFT, TPOT, ITL per token, E2E
+Verdict line, per-phase table (requests, errors, p50/p95 TTFT, TPOT, ITL per chunk, E2E
 in milliseconds, output tokens/s), recovery times, integrity counts, then every check
 with PASS/FAIL and observed vs limit, failed first. Reads only the report dict.
 """
@@ -64,7 +64,7 @@ def _verdict_line(report: dict[str, Any]) -> Text:
 
 def _phase_table(report: dict[str, Any]) -> Table:
     tab = Table(title="phases (latencies in ms, p50/p95)", title_justify="left")
-    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/token", "E2E", "tokens/s", "tok/chunk"):
+    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL", "E2E", "tokens/s", "tok/chunk"):
         tab.add_column(col, justify="left" if col == "phase" else "right")
     phases = report.get("phases") or {}
     for ph in _PHASES:

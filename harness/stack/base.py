@@ -18,6 +18,16 @@ import psutil
 
 ROLES = ("api", "engine", "worker")
 
+#: What each role is, in words (``specchaos faults`` and the README show it).
+ROLE_DOCS = {
+    "api": "the OpenAI API server process (python -m vllm.entrypoints.openai.api_server); "
+           "killing it takes its engine and worker down with it",
+    "engine": "its child VLLM::EngineCore (scheduler, KV cache manager); killed: /health 503 "
+              "for a few seconds, then the API server exits with code 0",
+    "worker": "the engine's child VLLM::Worker (runs the target and the draft model); killed: every "
+              "in-flight request fails at once and the API server exits with code 0",
+}
+
 
 class Server(Protocol):
     """One supervised vLLM OpenAI server of a stack."""

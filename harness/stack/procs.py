@@ -17,12 +17,11 @@ and a data-parallel engine ``VLLM::DPEngineCore_<i>``; the prefixes below cover 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import psutil
 
@@ -173,27 +172,3 @@ def kill_tree(procs: Iterable[psutil.Process], pgid: int | None = None, timeout_
     return left
 
 
-_PR_SET_PDEATHSIG = 1
-_libc = None
-
-
-def die_with_parent() -> Callable[[], None]:
-    """A ``preexec_fn`` making the child get SIGKILL when the thread that started it dies.
-
-    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; note it fires when the *thread* that
-    forked the child exits, so start servers from a thread that lives as long as they do.
-    If the parent already died before the call, the child exits at once.
-    """
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    prctl = _libc.prctl
-    parent = os.getpid()
-    sigkill = int(signal.SIGKILL)
-
-    def _preexec() -> None:  # runs in the child between fork and exec: keep it minimal
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return _preexec

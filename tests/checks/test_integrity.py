@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.checks.integrity import divergence_index, first_divergence, integrity_checks, is_complete
+from harness.checks.integrity import divergence_index, first_divergence, integrity_checks
+from harness.load.records import is_complete
 from tests.factories import cut, fail, make_record
 
 

@@ -3,13 +3,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.checks.recovery import first_slo_window_end, recovery_checks, recovery_times, time_to_healthy
-from harness.experiment.config import RecoveryConfig
+from harness.checks.config import RecoveryConfig
 from tests.factories import ev, fail, make_record
 
 FAULT = 1000.0
 BASE = {"ttft_s": {"p50": 0.1, "p95": 0.2, "p99": 0.3}, "e2e_s": {"p50": 0.5, "p95": 1.0, "p99": 1.2}}
 RC = RecoveryConfig(time_to_healthy_s=30, time_to_first_success_s=40, time_to_slo_s=60,
-                    slo_window_s=5.0, slo_tolerance=2.0)
+                    slo_window_s=5.0, baseline_p95_factor=2.0)
 
 
 def health(t, status, server="spec"):

@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from harness.checks.slo import slo_checks
-from harness.experiment.config import DegradationConfig, SloConfig
+from harness.checks.config import DegradationConfig, SloConfig
 from harness.metrics.phases import PHASES
 
 

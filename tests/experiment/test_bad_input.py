@@ -79,19 +79,60 @@ def test_not_a_chaos_toolkit_experiment(tmp_path, no_new_processes):
     assert_one_line_error(res, "description")
 
 
+def generic(d: dict, kind: str = "process-kill", **arguments) -> dict:
+    """The experiment with its fault action written with the generic ``inject_fault`` alias."""
+    prov = d["method"][0]["provider"]
+    prov["func"] = "inject_fault"
+    prov["arguments"] = {"kind": kind, "arguments": {"server": "spec", "role": "worker", **arguments}}
+    return d
+
+
 def test_unknown_fault(tmp_path, no_new_processes, models_built):
-    d = doc()
-    d["method"][0]["provider"]["arguments"]["kind"] = "process-explode"
+    d = generic(doc(), kind="process-explode")
     res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, "process-explode", "method[0].provider.arguments.kind", "process-kill")
     assert not (tmp_path / "o" / "ledger.jsonl").exists()
 
 
+def test_unknown_fault_action(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["method"][0]["provider"]["func"] = "explode_process"
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "explode_process")
+
+
 def test_unknown_role(tmp_path, no_new_processes, models_built):
     d = doc()
-    d["method"][0]["provider"]["arguments"]["arguments"]["role"] = "drafter"
+    d["method"][0]["provider"]["arguments"]["role"] = "drafter"
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "method[0].provider.arguments.role", "'api', 'engine' or 'worker'")
+
+
+def test_unknown_role_through_the_generic_alias(tmp_path, no_new_processes, models_built):
+    d = generic(doc(), role="drafter")
     res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, "method[0].provider.arguments.arguments.role")
+
+
+def test_unknown_argument_of_a_typed_fault_action(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["method"][0]["provider"]["arguments"]["sigkill"] = True
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "method[0].provider.arguments.sigkill",
+                          "unknown argument of process-kill")
+
+
+def test_a_method_that_needs_a_draft_without_one_fails_validation_not_start(tmp_path, no_new_processes,
+                                                                           models_built):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"].update(method="eagle", draft=None)
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos.stack",
+                          "method eagle needs a draft model")
+
+
+def test_unknown_launcher(tmp_path, no_new_processes):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["launcher"] = "kubernetes"
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos.stack.launcher",
+                          "unknown launcher 'kubernetes'", "local")
 
 
 def test_unknown_config_field(tmp_path, no_new_processes, models_built):
@@ -175,7 +216,7 @@ def test_directory_instead_of_a_file(tmp_path, no_new_processes):
 
 def test_method_without_a_fault(tmp_path, no_new_processes, models_built):
     d = doc()
-    d["method"] = [a for a in d["method"] if a["provider"]["func"] != "inject_fault"]
+    d["method"] = [a for a in d["method"] if a["provider"]["func"] != "kill_process"]
     assert_one_line_error(cli("validate", str(write(tmp_path, d))), "method", "injects no fault")
 
 

@@ -1,12 +1,15 @@
 """The strict verdict over a Chaos Toolkit journal: any steady-state probe out of
-tolerance, before or after the method, fails the run (pure logic, no server)."""
+tolerance, before or after the method, fails the run. The steady-state checks are a
+check family over the journal (pure logic, no server); the verdict is the judge's."""
 
 from __future__ import annotations
 
-import copy
-
-from harness.experiment.runner import EXIT_CODES, apply_strict_verdict, strict_checks
-from harness.report.judge import NO_FAULT_ERROR
+from harness.checks.steady_state import steady_state_checks
+from harness.experiment.config import SpecchaosConfig
+from harness.experiment.runner import EXIT_CODES
+from harness.report.judge import NO_FAULT_ERROR, judge
+from harness.checks.run import recorded_run
+from tests.factories import ev, make_record, phase_events
 
 
 def probe(name: str, output, tolerance, met: bool, status: str = "succeeded") -> dict:
@@ -23,51 +26,59 @@ def journal(before: list[dict] | None, after: list[dict] | None, deviated: bool 
 
 
 GOOD = [probe("health-is-200", 200, 200, True), probe("a-real-generation-completes", True, True, True)]
-PASSING_REPORT = {
-    "verdict": "pass", "errors": [], "interrupted": False,
-    "faults": [{"fault_id": "f1", "kind": "process-kill", "target": "spec/worker", "acted": True}],
-    "checks": [{"name": "slo.after.ttft_p95_s", "category": "slo", "passed": True, "observed": 0.1, "limit": 3.0,
-                "detail": ""}],
-}
 
 
-def test_all_probes_met_keeps_pass():
-    rep = apply_strict_verdict(copy.deepcopy(PASSING_REPORT), journal(GOOD, GOOD))
-    assert rep["verdict"] == "pass" and EXIT_CODES[rep["verdict"]] == 0
-    names = [c["name"] for c in rep["checks"]]
-    assert "steady_state.before.health-is-200" in names and "steady_state.after.a-real-generation-completes" in names
+def names(report: dict, failed_only: bool = False) -> list[str]:
+    return [c["name"] for c in report["checks"] if not (failed_only and c["passed"])]
+
+
+def test_all_probes_met_adds_passing_checks():
+    checks = steady_state_checks(journal(GOOD, GOOD))
+    assert all(c.passed for c in checks)
+    assert {c.name for c in checks} >= {"steady_state.before.health-is-200",
+                                         "steady_state.after.a-real-generation-completes"}
 
 
 def test_missed_after_hypothesis_fails():
     after = [probe("health-is-200", 503, 200, False), GOOD[1]]
-    rep = apply_strict_verdict(copy.deepcopy(PASSING_REPORT), journal(GOOD, after, deviated=True))
-    assert rep["verdict"] == "fail" and EXIT_CODES["fail"] == 1
-    failed = {c["name"]: c for c in rep["checks"] if not c["passed"]}
-    assert failed["steady_state.after.health-is-200"]["observed"] == 503
+    failed = {c.name: c for c in steady_state_checks(journal(GOOD, after, deviated=True)) if not c.passed}
+    assert failed["steady_state.after.health-is-200"].observed == 503
     assert "steady_state.deviated" in failed
-
-
-def test_missed_before_hypothesis_fails_where_chaos_toolkit_would_pass():
-    # Chaos Toolkit skips the method and exits 0 here; the judge saw no fault at all and,
-    # told the hypothesis was missed before the method, marked the method skipped.
-    before = [GOOD[0], probe("a-real-generation-completes", False, True, False)]
-    report = {"verdict": "error", "errors": [], "interrupted": False, "faults": [], "checks": [],
-              "method_skipped": "steady-state hypothesis not met before the method"}
-    j = journal(before, None)
-    j["status"] = "failed"
-    rep = apply_strict_verdict(report, j)
-    assert rep["verdict"] == "fail"
-    assert rep["method_skipped"] and rep["errors"] == []
-    assert [c["name"] for c in rep["checks"] if not c["passed"]] == ["steady_state.before.a-real-generation-completes"]
 
 
 def test_a_probe_that_raised_is_a_failed_check_even_if_its_output_matches():
     raised = [probe("health-is-200", 200, 200, True, status="failed")]
-    assert strict_checks(journal(raised, None))[0]["passed"] is False
+    assert steady_state_checks(journal(raised, None))[0].passed is False
+
+
+def _no_fault_run(j: dict | None):
+    evs = phase_events({"baseline": 1000.0}, 1030.0)
+    recs = [make_record(send_time=1000.0 + i, prompt_id=i % 3) for i in range(20)]
+    ref = [make_record(prompt_id=p, source="reference") for p in range(3)]
+    cfg = SpecchaosConfig(integrity={"min_compared": 1})
+    return recorded_run(recs, ref, evs, cfg, journal=j)
+
+
+def test_missed_before_hypothesis_fails_where_chaos_toolkit_would_pass():
+    # Chaos Toolkit skips the method and exits 0 here; the judge sees no fault at all,
+    # knows from the journal that the method was skipped, and fails on the missed probe.
+    before = [GOOD[0], probe("a-real-generation-completes", False, True, False)]
+    j = journal(before, None)
+    j["status"] = "failed"
+    rep = judge(_no_fault_run(j), {"errors": [], "interrupted": False})
+    assert rep["verdict"] == "fail" and EXIT_CODES["fail"] == 1
+    assert rep["method_skipped"] and rep["errors"] == []
+    assert "steady_state.before.a-real-generation-completes" in names(rep, failed_only=True)
+    assert "fault.injected" not in names(rep)
 
 
 def test_missed_before_hypothesis_does_not_hide_a_real_run_error():
     before = [probe("health-is-200", 503, 200, False)]
-    report = {"verdict": "error", "errors": [NO_FAULT_ERROR, "interrupted by a signal"], "interrupted": True,
-              "faults": [], "checks": []}
-    assert apply_strict_verdict(report, journal(before, None))["verdict"] == "error"
+    rep = judge(_no_fault_run(journal(before, None)), {"errors": ["interrupted by a signal"], "interrupted": True})
+    assert rep["verdict"] == "error"
+
+
+def test_no_fault_and_no_journal_is_an_error():
+    rep = judge(_no_fault_run(None), {"errors": [], "interrupted": False})
+    assert rep["verdict"] == "error" and NO_FAULT_ERROR in rep["errors"]
+    assert "fault.injected" in names(rep, failed_only=True)

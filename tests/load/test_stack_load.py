@@ -19,9 +19,10 @@ import httpx
 import psutil
 import pytest
 
-from harness.experiment.config import LoadConfig
+from harness.load.config import LoadConfig
 from harness.load.client import fetch_reference, make_client, stream_completion
-from harness.load.locust_process import LocustProcess, _pdeathsig_preexec
+from harness.load.locust_process import LocustProcess
+from harness.proc import die_with_parent
 from harness.load.prompts import build_prompt_set, save_prompt_set
 from harness.load.records import read_records
 
@@ -80,7 +81,7 @@ def vllm_server(tmp_path_factory):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=_pdeathsig_preexec(), cwd=str(ROOT))
+                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM), cwd=str(ROOT))
     tree: list[psutil.Process] = []
     try:
         base_url = f"http://127.0.0.1:{port}"

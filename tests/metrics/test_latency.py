@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.factories import make_record
-from harness.metrics.latency import e2e_s, itl_chunk_s, itl_token_s, percentiles, tpot_s, ttft_s
+from harness.metrics.latency import e2e_s, itl_per_token_s, itl_s, percentiles, tpot_s, ttft_s
 
 
 def test_ttft_e2e_from_record():
@@ -42,15 +42,15 @@ def test_tpot_none_for_short_or_unknown(n):
 
 def test_itl_per_chunk_and_per_token():
     r = make_record(ttft=0.1, gaps=[0.2, 0.3], chunk_tokens=[1, 4, 3])
-    assert itl_chunk_s(r) == pytest.approx([0.2, 0.3])
-    assert itl_token_s(r) == pytest.approx([0.05, 0.1])
+    assert itl_s(r) == pytest.approx([0.2, 0.3])
+    assert itl_per_token_s(r) == pytest.approx([0.05, 0.1])
 
 
 def test_itl_empty_for_single_chunk_and_zero_token_chunk_counts_one():
-    assert itl_chunk_s(make_record(chunk_tokens=[3])) == []
+    assert itl_s(make_record(chunk_tokens=[3])) == []
     r = make_record(gaps=[0.2], chunk_tokens=[1, 1])
     r.chunk_tokens = [1, 0]
-    assert itl_token_s(r) == pytest.approx([0.2])
+    assert itl_per_token_s(r) == pytest.approx([0.2])
 
 
 def test_percentiles_match_numpy_linear_and_none_without_data():
@@ -90,5 +90,5 @@ def test_tpot_identity(ttft, gaps, tail, data):
         # TTFT + TPOT * (n - 1) == E2E
         assert math.isclose(ttft_s(r) + t * (n - 1), e2e_s(r), rel_tol=1e-9, abs_tol=1e-9)
     # per-token ITL never exceeds per-chunk ITL, and per-chunk ITL sums to the stream span
-    assert all(a <= b + 1e-12 for a, b in zip(itl_token_s(r), itl_chunk_s(r)))
-    assert math.isclose(sum(itl_chunk_s(r)), r.chunk_offsets_s[-1] - r.chunk_offsets_s[0], abs_tol=1e-6)
+    assert all(a <= b + 1e-12 for a, b in zip(itl_per_token_s(r), itl_s(r)))
+    assert math.isclose(sum(itl_s(r)), r.chunk_offsets_s[-1] - r.chunk_offsets_s[0], abs_tol=1e-6)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.experiment.config import SloConfig
+from harness.metrics.config import GoodputConfig
 from harness.metrics.phases import PHASES, assign_phases, is_good, phase_metrics, phase_windows, records_in
 from tests.factories import cut, ev, fail, make_record, phase_events
 
@@ -67,15 +67,15 @@ def test_phase_metrics_counts_latencies_and_rates():
     good = [make_record(send_time=100 + i, ttft=0.1 * (i + 1), gaps=[0.1, 0.1], chunk_tokens=[1, 2, 1])
             for i in range(4)]
     bad = [fail(send_time=105), cut(make_record(send_time=106), 1, labelled_ok=True)]
-    m = phase_metrics(good + bad, 100.0, 110.0, SloConfig())
+    m = phase_metrics(good + bad, 100.0, 110.0, GoodputConfig(ttft_s=2.0, tpot_s=0.5, e2e_s=10.0))
     assert m["requests"] == 6 and m["complete"] == 4 and m["errors"] == 2
     assert m["error_rate"] == pytest.approx(2 / 6)
     assert m["duration_s"] == 10.0
     assert m["ttft_s"]["p50"] == pytest.approx(0.25)
-    assert m["itl_chunk_s"]["p50"] == pytest.approx(0.1)
+    assert m["itl_s"]["p50"] == pytest.approx(0.1)
     # per-token ITL: 0.1/2 for the 2-token chunk, 0.1/1 for the last one
-    assert m["itl_s"]["p50"] == pytest.approx(0.075)
-    assert m["itl_s"]["p99"] == pytest.approx(0.1)
+    assert m["itl_per_token_s"]["p50"] == pytest.approx(0.075)
+    assert m["itl_per_token_s"]["p99"] == pytest.approx(0.1)
     assert m["mean_tokens_per_chunk"] == pytest.approx(4 / 3)
     assert m["output_tokens"] == 16
     assert m["output_tokens_per_s"] == pytest.approx(1.6)
@@ -101,14 +101,14 @@ def test_output_tokens_counted_by_arrival_not_send():
 
 
 def test_empty_window():
-    m = phase_metrics([], 100.0, 100.0, SloConfig())
+    m = phase_metrics([], 100.0, 100.0, GoodputConfig(ttft_s=2.0))
     assert m["requests"] == 0 and m["error_rate"] is None
     assert m["output_tokens_per_s"] is None and m["goodput_rps"] is None
     assert m["mean_tokens_per_chunk"] is None
 
 
 def test_goodput_as_vllm():
-    slo = SloConfig(ttft_p95_s=0.5, tpot_p95_s=0.1, e2e_p95_s=2.0)
+    slo = GoodputConfig(ttft_s=0.5, tpot_s=0.1, e2e_s=2.0)
     ok = make_record(ttft=0.2, gaps=[0.05] * 3)
     slow_first = make_record(ttft=0.6)
     slow_tokens = make_record(ttft=0.1, gaps=[0.3, 0.3])
@@ -123,6 +123,20 @@ def test_goodput_as_vllm():
     m = phase_metrics(rs, 100.0, 110.0, slo)
     assert m["goodput_rps"] == pytest.approx(0.2)
     assert m["request_throughput_rps"] == pytest.approx(0.5)
+
+
+def test_goodput_uses_only_the_limits_that_are_set():
+    slow_first = make_record(ttft=0.6, send_time=100.0)
+    assert is_good(slow_first, GoodputConfig(e2e_s=5.0))           # TTFT not constrained
+    assert not is_good(slow_first, GoodputConfig(ttft_s=0.5))
+    assert phase_metrics([slow_first], 100.0, 110.0, GoodputConfig())["goodput_rps"] is None  # no limit: not computed
+
+
+def test_itl_is_per_chunk_and_the_per_token_variant_has_its_own_name():
+    r = make_record(send_time=100.0, ttft=0.1, gaps=[0.2, 0.2], chunk_tokens=[1, 4, 4])
+    m = phase_metrics([r], 100.0, 110.0)
+    assert m["itl_s"]["p50"] == pytest.approx(0.2)               # vLLM's ITL: the gap per chunk
+    assert m["itl_per_token_s"]["p50"] == pytest.approx(0.05)    # the gap over the 4 tokens it brought
 
 
 def test_assign_phases_gives_requests_in_flight_at_the_fault_to_the_fault():

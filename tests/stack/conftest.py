@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.experiment.config import RestartPolicy, StackConfig
-from harness.stack.local import LocalStack, vllm_distribution
+from harness.stack.config import RestartPolicy, StackConfig
+from harness.stack.local import LocalStack
+from harness.stack.vllm import vllm_distribution
 from harness.stack.models import build_models
 from harness.timeline import Timeline
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from harness.errors import StackError
-from harness.experiment.config import StackConfig
+from harness.stack.config import StackConfig
 from harness.stack import procs
 from harness.stack.local import LocalServer, LocalStack
 

@@ -1,4 +1,5 @@
-"""Fail fast: requests caught in flight by a fault must end, and end in error quickly.
+"""Fail fast (one name for one concept: config ``fail_fast``, checks ``fail_fast.*``,
+report ``fail_fast``): requests caught in flight by a fault must end, and end in error quickly.
 
 A server that loses its engine must not leave clients hanging: every request in flight
 at the fault (sent before it, not ended before it) must end — complete, or with an error
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from harness.checks.base import CheckResult
-from harness.checks.integrity import is_complete
-from harness.experiment.config import FailFastConfig
-from harness.load.records import RequestRecord
+from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.config import FailFastConfig
+from harness.load.records import RequestRecord, is_complete
 
-__all__ = ["in_flight", "fail_fast_checks"]
+__all__ = ["in_flight", "fail_fast_checks", "check", "section"]
 
 
 def in_flight(records: Iterable[RequestRecord], t: float) -> list[RequestRecord]:
@@ -87,3 +87,14 @@ def fail_fast_checks(records: Iterable[RequestRecord], fault_time: float, ff: Fa
             )
         )
     return out
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """The fail-fast checks of a recorded run (none when no fault was injected)."""
+    return [] if run.fault_time is None else fail_fast_checks(run.records, run.fault_time, run.limits.fail_fast)
+
+
+def section(run: RecordedRun) -> dict:
+    """``report.json``'s ``fail_fast``: requests in flight at the fault and the limit (s)."""
+    n = 0 if run.fault_time is None else len(in_flight(run.records, run.fault_time))
+    return {"in_flight": n, "max_error_latency_s": run.limits.fail_fast.max_error_latency_s}

@@ -1,7 +1,7 @@
 import pytest
 
-from harness.checks.liveness import fail_fast_checks, in_flight
-from harness.experiment.config import FailFastConfig
+from harness.checks.config import FailFastConfig
+from harness.checks.fail_fast import fail_fast_checks, in_flight
 from tests.factories import cut, fail, make_record
 
 FAULT = 1000.0

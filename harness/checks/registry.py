@@ -1,0 +1,51 @@
+"""Every check family, listed once (as toxiproxy lists its toxics): the judge iterates
+:data:`CHECKS` in order. Adding a check is one module exposing
+``check(run: RecordedRun) -> list[CheckResult]`` (and, if it has one, a
+``section(run) -> dict`` for ``report.json``) plus one line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from harness.checks import fail_fast, fault, integrity, recovery, slo, steady_state
+from harness.checks.base import Check, RecordedRun
+
+__all__ = ["CheckFamily", "CHECKS", "register_check", "unregister_check"]
+
+
+@dataclass(frozen=True)
+class CheckFamily:
+    """One family of checks.
+
+    Fields:
+        name: the family's name; also its ``report.json`` key when it has a section.
+        check: ``RecordedRun -> list[CheckResult]``.
+        section: optional ``RecordedRun -> JSON-able`` data for ``report.json[name]``.
+    """
+
+    name: str
+    check: Check
+    section: Callable[[RecordedRun], Any] | None = None
+
+
+CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
+    CheckFamily("fault", fault.check),
+    CheckFamily("slo", slo.check),
+    CheckFamily("integrity", integrity.check, integrity.section),
+    CheckFamily("recovery", recovery.check, recovery.section),
+    CheckFamily("fail_fast", fail_fast.check, fail_fast.section),
+    CheckFamily("steady_state", steady_state.check),
+)}
+
+
+def register_check(family: CheckFamily) -> None:
+    """Add (or replace) a check family; it runs after those already listed."""
+    CHECKS.pop(family.name, None)
+    CHECKS[family.name] = family
+
+
+def unregister_check(name: str) -> None:
+    """Remove a family (no error if absent)."""
+    CHECKS.pop(name, None)

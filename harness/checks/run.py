@@ -1,0 +1,60 @@
+"""Turn a run directory into a :class:`~harness.checks.base.RecordedRun`: read the saved
+files, split the load into phases and compute each phase's metrics. Reads files only.
+
+Files (missing ones count as empty): ``records.jsonl`` (load records),
+``reference.jsonl`` (the non-speculative reference), ``timeline.jsonl``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.checks.base import RecordedRun
+from harness.checks.config import CheckLimits
+from harness.load.records import RequestRecord, is_complete, read_records
+from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
+from harness.timeline import fault_summary, read_timeline
+
+__all__ = ["load_reference", "recorded_run", "load_run"]
+
+
+def load_reference(records: list[RequestRecord]) -> dict[int, RequestRecord]:
+    """Reference records by ``prompt_id``; the first complete one of each prompt wins
+    (else the first seen, which integrity then ignores as not complete)."""
+    out: dict[int, RequestRecord] = {}
+    for r in records:
+        cur = out.get(r.prompt_id)
+        if cur is None or (not is_complete(cur)[0] and is_complete(r)[0]):
+            out[r.prompt_id] = r
+    return out
+
+
+def recorded_run(records: list[RequestRecord], reference: list[RequestRecord], events: list[dict[str, Any]],
+                 limits: CheckLimits, journal: dict | None = None, run_dir: Path | None = None) -> RecordedRun:
+    """A :class:`RecordedRun` from data in memory: phases from the timeline's
+    ``phase_start`` events, per-phase metrics with the goodput limits of ``limits.slo``.
+
+    Args:
+        records: request records; only ``source == "load"`` ones are kept.
+        reference: reference records (any order, duplicates allowed).
+        events: timeline events (any order).
+        limits: the run's configuration.
+        journal: the Chaos Toolkit journal, if any.
+    """
+    load = [r for r in records if r.source == "load"]
+    events = sorted(events, key=lambda e: e["t"])
+    windows = phase_windows(events)
+    members = assign_phases(load, windows)
+    phases = {ph: phase_metrics(load, t0, t1, limits.slo.goodput, members=members[ph])
+              for ph, (t0, t1) in windows.items()}
+    return RecordedRun(records=load, reference=load_reference(reference), events=events, limits=limits,
+                       windows=windows, members=members, phases=phases, faults=fault_summary(events),
+                       journal=journal, run_dir=run_dir)
+
+
+def load_run(run_dir: str | Path, limits: CheckLimits, journal: dict | None = None) -> RecordedRun:
+    """Read a run directory (see module doc) into a :class:`RecordedRun`."""
+    d = Path(run_dir)
+    return recorded_run(read_records(d / "records.jsonl"), read_records(d / "reference.jsonl"),
+                        read_timeline(d / "timeline.jsonl"), limits, journal=journal, run_dir=d)

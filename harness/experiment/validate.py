@@ -1,0 +1,168 @@
+"""Parse and validate an experiment file: the one validation path.
+
+``specchaos validate`` and ``specchaos run`` (before anything starts) call
+:func:`load_experiment`, so bad input never half-applies a fault and the two can never
+disagree. In order: the file parses (YAML/JSON, with line numbers); every fault action
+names a known family with valid arguments and an existing server; Chaos Toolkit's own
+validation passes (activities resolve, arguments bind to their functions' signatures);
+the ``specchaos`` control is declared; ``configuration.specchaos`` validates (each layer's
+block, plus the cross-block rules); the method injects a fault; and the stack's
+pre-flight (:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from chaoslib.configuration import load_configuration
+from chaoslib.exceptions import ChaosException
+from chaoslib.experiment import ensure_experiment_is_valid
+
+from faults.base import Fault
+from faults.registry import by_activity, fault_class, make_fault
+from harness.errors import ExperimentError
+from harness.experiment.config import SpecchaosConfig, parse_config
+from harness.stack.preflight import check_stack
+
+__all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment"]
+
+CONTROL_MODULE = "harness.experiment.control"
+ACTIONS_MODULE = "harness.experiment.actions"
+#: The generic fault action (an alias of the typed ones, which the registry names).
+GENERIC_FAULT_ACTION = "inject_fault"
+
+
+@dataclass
+class Experiment:
+    """A validated experiment: the Chaos Toolkit document and its specchaos config."""
+
+    path: Path
+    doc: dict[str, Any]
+    cfg: SpecchaosConfig
+
+    @property
+    def title(self) -> str:
+        return str(self.doc.get("title", self.path.stem))
+
+
+def parse_file(path: Path) -> dict[str, Any]:
+    """Parse an experiment file (YAML or JSON).
+
+    Raises:
+        ExperimentError: missing file, syntax error (with line and column), not a mapping.
+    """
+    if path.is_dir():
+        raise ExperimentError("is a directory, not an experiment file", where=str(path),
+                              hint="give the path of a Chaos Toolkit experiment, e.g. experiments/kill-draft-worker.yaml")
+    if not path.is_file():
+        raise ExperimentError("no such experiment file", where=str(path),
+                              hint="give the path of a Chaos Toolkit experiment, e.g. experiments/kill-draft-worker.yaml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExperimentError(f"cannot read the experiment file: {exc}", where=str(path)) from None
+    try:
+        if path.suffix == ".json":
+            doc = json.loads(text)
+        else:
+            doc = yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ExperimentError(f"invalid JSON: {exc.msg}", where=f"{path}:{exc.lineno}:{exc.colno}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ExperimentError(f"invalid YAML: {problem}", where=where) from None
+    if not isinstance(doc, dict):
+        raise ExperimentError("an experiment must be a mapping (title, description, method...)", where=str(path))
+    return doc
+
+
+def _activities(doc: dict[str, Any]) -> Iterator[tuple[str, dict]]:
+    """Yield (location, activity) for every activity of the experiment."""
+    ssh = doc.get("steady-state-hypothesis") or {}
+    for i, a in enumerate(ssh.get("probes") or []):
+        yield f"steady-state-hypothesis.probes[{i}]", a
+    for i, a in enumerate(doc.get("method") or []):
+        yield f"method[{i}]", a
+    for i, a in enumerate(doc.get("rollbacks") or []):
+        yield f"rollbacks[{i}]", a
+
+
+def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str, str, Fault]]:
+    """Every fault action of the experiment, validated: ``(location, kind, fault)``.
+
+    A fault action is an activity whose provider is :data:`ACTIONS_MODULE` and whose
+    ``func`` is a family's typed action (e.g. ``kill_process``) or the generic
+    ``inject_fault(kind, arguments)``.
+
+    Raises:
+        ExperimentError: unknown family, or an invalid or unknown argument, located as
+            ``<where>: <location>.provider.arguments[.arguments].<field>``.
+    """
+    for loc, act in _activities(doc):
+        prov = (act or {}).get("provider") or {} if isinstance(act, dict) else {}
+        if prov.get("module") != ACTIONS_MODULE:
+            continue
+        func, args = prov.get("func"), prov.get("arguments") or {}
+        at = f"{where}: {loc}.provider.arguments" if where else f"{loc}.provider.arguments"
+        if func == GENERIC_FAULT_ACTION:
+            if "kind" not in args:
+                raise ExperimentError("inject_fault needs a 'kind'", where=at)
+            kind = args["kind"]
+            fault_class(kind, where=f"{at}.kind")
+            fault = make_fault(kind, args.get("arguments") or {}, where=at)
+        else:
+            cls = by_activity(str(func))
+            if cls is None:
+                continue
+            kind = cls.kind
+            params = {k: v for k, v in args.items() if k not in ("duration_s", "evidence_timeout_s")}
+            fault = make_fault(kind, params, where=at.removesuffix(".arguments"))
+        yield loc, kind, fault
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Parse and validate an experiment without starting anything (see module doc).
+
+    Raises:
+        ExperimentError: malformed file, unknown fault/role/argument, missing control,
+            a method without a fault.
+        ModelError: a model directory named by the configuration is missing.
+        StackError: an explicitly configured port is already in use.
+    """
+    path = Path(path)
+    doc = parse_file(path)
+    faults = list(fault_activities(doc, where=str(path)))   # before Chaos Toolkit: errors name the field
+    try:
+        ensure_experiment_is_valid(doc)
+    except ChaosException as exc:
+        raise ExperimentError(f"not a valid Chaos Toolkit experiment: {exc}", where=str(path)) from None
+
+    controls = doc.get("controls") or []
+    if not any(((c or {}).get("provider") or {}).get("module") == CONTROL_MODULE for c in controls):
+        raise ExperimentError(f"the experiment does not declare the specchaos control ({CONTROL_MODULE})",
+                              where=f"{path}: controls",
+                              hint="add {name: specchaos, provider: {type: python, module: harness.experiment.control}}")
+    try:
+        conf = load_configuration(doc.get("configuration") or {})
+    except ChaosException as exc:
+        raise ExperimentError(str(exc), where=f"{path}: configuration") from None
+    cfg = parse_config(conf.get("specchaos"), where=f"{path}: configuration.specchaos")
+
+    servers = {"spec"} | ({"ref"} if cfg.stack.reference else set())
+    for loc, _kind, fault in faults:
+        server = getattr(fault.params, "server", None)
+        if server is not None and server not in servers:
+            raise ExperimentError(f"unknown server '{server}'", where=f"{path}: {loc}.provider.arguments.server",
+                                  hint=f"known: {', '.join(sorted(servers))}")
+    if not any(loc.startswith("method[") for loc, _, _ in faults):
+        raise ExperimentError("the method injects no fault, so the run would test nothing",
+                              where=f"{path}: method",
+                              hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
+    check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
+    return Experiment(path=path, doc=doc, cfg=cfg)

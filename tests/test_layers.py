@@ -1,0 +1,183 @@
+"""The house rules, checked on the source with the standard library's ``ast``:
+
+* layers import downwards only: a package imports its own modules and packages of a
+  lower layer, never one above (so the experiment layer only composes, and there is no
+  package cycle);
+* no module under stack, load, metrics, checks or faults imports ``harness.experiment``
+  or ``harness.report``;
+* an import inside a function only defers a heavy dependency, and says so in a comment.
+
+Imports under ``if TYPE_CHECKING:`` are typing only and not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Layer of each package (modules directly under harness/ are the base: errors, clock,
+#: timeline, state, net, proc). Imports may only go to a strictly lower layer or stay
+#: inside the same package.
+LAYERS = {
+    "harness": 0,
+    "harness.stack": 1,
+    "harness.load": 1,
+    "harness.metrics": 2,
+    "harness.checks": 3,
+    "faults": 3,
+    "harness.report": 4,
+    "harness.experiment": 5,
+    "harness.cli": 6,
+}
+LOWER = ("harness.stack", "harness.load", "harness.metrics", "harness.checks", "faults")
+UPPER = ("harness.experiment", "harness.report")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for top in ("harness", "faults"):
+        for p in sorted((ROOT / top).rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = p
+    return out
+
+
+def package_of(mod: str) -> str:
+    """``harness.stack.local`` → ``harness.stack``; ``harness.errors`` → ``harness``;
+    ``harness.cli`` → ``harness.cli``; ``faults.x`` → ``faults``."""
+    parts = mod.split(".")
+    if parts[0] == "faults":
+        return "faults"
+    if mod == "harness.cli":
+        return "harness.cli"
+    if len(parts) >= 2 and f"harness.{parts[1]}" in LAYERS:
+        return f"harness.{parts[1]}"
+    return "harness"
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, inside a function)`` of every runtime import of our packages."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_func: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _type_checking(child):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_func) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.append((child.module, child.lineno, in_func))
+            visit(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return found
+
+
+def edges() -> list[tuple[str, str, str, int, bool]]:
+    """``(from package, to package, from module, line, in function)`` for imports of our code."""
+    out = []
+    for mod, path in modules().items():
+        for target, line, in_func in imports(path):
+            if target.split(".")[0] not in ("harness", "faults"):
+                continue
+            out.append((package_of(mod), package_of(target), mod, line, in_func))
+    return out
+
+
+def test_every_package_has_a_layer():
+    assert {package_of(m) for m in modules()} <= set(LAYERS)
+
+
+def test_layers_import_downwards_only():
+    bad = [f"{mod}:{line} imports {dst} (layer {LAYERS[dst]}) from {src} (layer {LAYERS[src]})"
+           for src, dst, mod, line, _ in edges() if src != dst and LAYERS[dst] >= LAYERS[src]]
+    assert not bad, "\n".join(bad)
+
+
+def test_lower_layers_never_import_experiment_or_report():
+    bad = [f"{mod}:{line} imports {dst}" for src, dst, mod, line, _ in edges()
+           if src in LOWER and dst in UPPER]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_package_cycles():
+    graph: dict[str, set[str]] = {}
+    for src, dst, *_ in edges():
+        if src != dst:
+            graph.setdefault(src, set()).add(dst)
+    state: dict[str, int] = {}
+
+    def dfs(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if state.get(nxt) is None and (cycle := dfs(nxt, path + [node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if state.get(node) is None:
+            cycle = dfs(node, [])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_imports_inside_functions_defer_heavy_dependencies_with_a_comment():
+    bad = []
+    for mod, path in modules().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for target, line, in_func in imports(path) + [(n, ln, f) for n, ln, f in _third_party(path)]:
+            if not in_func:
+                continue
+            near = " ".join(lines[max(0, line - 3):line])
+            if "#" not in near or "defer" not in near.lower():
+                bad.append(f"{mod}:{line} imports {target} inside a function without a '# deferred: ...' comment")
+    assert not bad, "\n".join(bad)
+
+
+def _third_party(path: Path) -> list[tuple[str, int, bool]]:
+    """Function-level imports of anything that is not our code (stdlib and libraries)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_func: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _type_checking(child):
+                continue
+            if in_func and isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, True) for a in child.names if a.name.split(".")[0] not in ("harness", "faults"))
+            elif in_func and isinstance(child, ast.ImportFrom) and child.module and \
+                    child.module.split(".")[0] not in ("harness", "faults"):
+                out.append((child.module, child.lineno, True))
+            visit(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return out
+
+
+@pytest.mark.parametrize("rule", ["layers", "cycles"])
+def test_the_scan_can_fail(tmp_path, monkeypatch, rule):
+    """The scan catches a violation: a fake lower module importing the experiment layer
+    (which also closes a cycle, since the experiment layer imports the checks)."""
+    bad = ROOT / "harness" / "checks" / "_scan_probe.py"
+    bad.write_text("from harness.experiment.config import SpecchaosConfig\n", encoding="utf-8")
+    try:
+        with pytest.raises(AssertionError):
+            if rule == "layers":
+                test_layers_import_downwards_only()
+            else:
+                test_no_package_cycles()
+    finally:
+        bad.unlink()
