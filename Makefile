@@ -8,10 +8,13 @@ OUT     := results/latest
 EXPERIMENT := experiments/kill-draft-worker.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup models run test test-fast cleanup clean
+.PHONY: setup setup-test models run test test-fast cleanup clean
 
 setup:
 	@ci/bootstrap.sh
+
+setup-test:
+	@ci/bootstrap.sh test
 
 models: setup
 	@$(VENV)/bin/specchaos models build --dir $(MODELS)
@@ -19,10 +22,10 @@ models: setup
 run: models
 	$(VENV)/bin/specchaos run $(EXPERIMENT) --out $(OUT)
 
-test: models
+test: setup-test models
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: models
+test-fast: setup-test models
 	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
 cleanup: setup

