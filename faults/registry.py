@@ -19,6 +19,19 @@ REGISTRY: dict[str, type[Fault]] = {
 }
 
 
+def register_fault(cls: type[Fault]) -> None:
+    """Add (or replace) a family at run time, e.g. from a plugin or a test; a family of
+    this package is one line in :data:`REGISTRY` instead. The typed action of a family
+    registered after :mod:`harness.experiment.actions` was imported appears there once
+    ``refresh_fault_actions()`` is called."""
+    REGISTRY[cls.kind] = cls
+
+
+def unregister_fault(kind: str) -> None:
+    """Remove a family (no error if absent)."""
+    REGISTRY.pop(kind, None)
+
+
 def fault_class(kind: str, where: str = "") -> type[Fault]:
     """The family registered as ``kind``.
 

@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-MARKERS = ("VLLM::", "vllm.entrypoints", "locust")
+MARKERS = ("VLLM::", "vllm.entrypoints", "locust", "fake_vllm.py")
 
 
 def sut_pids() -> set[int]:

@@ -649,13 +649,13 @@ class LocalStack:
         )
         logs = self.run_dir / "logs"
         with self._lock:
-            self.servers = {"spec": self.server_class("spec", models.target, port=ports["spec"],
-                                                      speculative_config=spec_cfg,
-                                                      log_path=logs / "spec-server.log", **common)}
+            self.servers = {"spec": self.new_server("spec", models.target, port=ports["spec"],
+                                                    speculative_config=spec_cfg,
+                                                    log_path=logs / "spec-server.log", **common)}
             if cfg.reference:
-                self.servers["ref"] = self.server_class("ref", models.target, port=ports["ref"],
-                                                        speculative_config=None,
-                                                        log_path=logs / "ref-server.log", **common)
+                self.servers["ref"] = self.new_server("ref", models.target, port=ports["ref"],
+                                                      speculative_config=None,
+                                                      log_path=logs / "ref-server.log", **common)
         t0 = time.monotonic()
         try:
             for s in self.servers.values():
@@ -668,6 +668,11 @@ class LocalStack:
             raise
         log.info("stack ready in %.1f s: %s", time.monotonic() - t0,
                  ", ".join(f"{n}={s.base_url}" for n, s in self.servers.items()))
+
+    def new_server(self, name: str, model_dir: Path, **kw: Any) -> LocalServer:
+        """One server of the stack (``kw`` as :class:`LocalServer`); a launcher that runs
+        something else under the same supervision overrides :attr:`server_class` or this."""
+        return self.server_class(name, model_dir, **kw)
 
     def _ports(self) -> dict[str, int]:
         """Configured ports (checked free by the pre-flight), 0s replaced by free ones."""

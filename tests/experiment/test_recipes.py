@@ -1,0 +1,107 @@
+"""The README's two recipes, done for real: a trivial fault family and a trivial check,
+each written in a temporary module, registered with one line, and run through the fast
+end-to-end path (:mod:`tests.experiment.fast_e2e`) next to the built-in ones."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+from faults.registry import REGISTRY, register_fault, unregister_fault
+from harness.checks.registry import CHECKS, CheckFamily, register_check, unregister_check
+from harness.experiment import actions
+from tests.experiment.fast_e2e import run_fast
+
+pytestmark = pytest.mark.timeout(180)
+
+FAMILY = '''
+"""Fault family ``touch-file``: a file exists while the fault is active (trivial, reversible)."""
+from pathlib import Path
+from typing import ClassVar
+
+from faults.base import Evidence, Fault, FaultContext, FaultParams
+
+
+class TouchFileParams(FaultParams):
+    """path: the file to create."""
+    path: str
+
+
+class TouchFile(Fault):
+    """Create a file; remove it when cleared."""
+    kind: ClassVar[str] = "touch-file"
+    activity: ClassVar[str] = "touch_file"
+    Params = TouchFileParams
+
+    def describe_target(self, ctx: FaultContext) -> str:
+        return self.params.path
+
+    def inject(self, ctx: FaultContext) -> dict:
+        Path(self.params.path).write_text("fault")
+        return {"path": self.params.path, "servers": sorted(ctx.servers)}
+
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        there = Path(self.params.path).exists()
+        return Evidence(there, {"exists": there}, "the file exists" if there else "no file")
+
+    def clear(self, ctx: FaultContext) -> None:
+        Path(self.params.path).unlink(missing_ok=True)
+'''
+
+CHECK = '''
+"""Check family ``request_count``: the run sent at least one load request."""
+from harness.checks.base import CheckResult, RecordedRun
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    n = len(run.records)
+    return [CheckResult("request_count.total", "coverage", n > 0, n, 1, f"{n} load requests recorded")]
+
+
+def section(run: RecordedRun) -> dict:
+    return {"total": len(run.records), "phases": {ph: len(rs) for ph, rs in run.members.items()}}
+'''
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """Write the two temporary modules, register them (one line each), undo afterwards."""
+    (tmp_path / "recipe_fault.py").write_text(textwrap.dedent(FAMILY))
+    (tmp_path / "recipe_check.py").write_text(textwrap.dedent(CHECK))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fam = importlib.import_module("recipe_fault")
+    chk = importlib.import_module("recipe_check")
+    register_fault(fam.TouchFile)                                                # the registry line
+    register_check(CheckFamily("request_count", chk.check, chk.section))         # the registry line
+    actions.refresh_fault_actions()   # registered at run time: regenerate the typed actions
+    yield tmp_path
+    unregister_fault("touch-file")
+    unregister_check("request_count")
+    actions.refresh_fault_actions()
+    for mod in ("recipe_fault", "recipe_check"):
+        sys.modules.pop(mod, None)
+
+
+def test_a_new_family_and_a_new_check_run_through_the_whole_path(plugins):
+    marker = plugins / "marker"
+    method = [{"type": "action", "name": "touch-a-file",
+               "provider": {"type": "python", "module": "harness.experiment.actions", "func": "touch_file",
+                            "arguments": {"path": str(marker), "duration_s": 1.0}}}]
+    code, rep, seconds, out = run_fast(plugins, "recipe", method=method)
+    assert "touch-file" in REGISTRY and "request_count" in CHECKS
+    failed = [c for c in rep["checks"] if not c["passed"]]
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    (fault,) = rep["faults"]
+    assert fault["kind"] == "touch-file" and fault["acted"] and fault["cleared_at"] is not None
+    assert not marker.exists(), "the fault was not cleared"
+    c = {c["name"]: c for c in rep["checks"]}["request_count.total"]
+    assert c["passed"] and c["observed"] == rep["requests"]["total"]
+    assert rep["request_count"]["total"] == rep["requests"]["total"]
+
+
+def test_a_typed_action_rejects_an_unknown_argument_like_chaos_toolkit(plugins):
+    with pytest.raises(TypeError):
+        actions.touch_file(path="x", nope=1)
