@@ -1,0 +1,62 @@
+"""Fixtures shared by every test directory: the fake vLLM (see :mod:`tests.fakes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from harness.stack.config import RestartPolicy
+from harness.stack.ports import free_ports
+from harness.timeline import Timeline
+from tests.fakes import FakeProcess, FakeServer
+
+
+@pytest.fixture
+def fake_vllm():
+    """Factory ``fake_vllm(*flags, wait=True, **kw) -> FakeProcess``: a fake vLLM as a plain
+    subprocess on a free loopback port, started (and ready unless ``wait=False``); ``kw``
+    as :class:`~tests.fakes.launch.FakeProcess` (``served_model_name``,
+    ``num_speculative_tokens``, ``log_path``). At teardown every one is stopped, whole
+    tree, and none may survive."""
+    made: list[FakeProcess] = []
+
+    def make(*flags: str, wait: bool = True, **kw: Any) -> FakeProcess:
+        fake = FakeProcess(*flags, **kw)
+        made.append(fake)
+        return fake.start(wait=wait)
+
+    yield make
+    left = [p.pid for fake in made for p in fake.stop()]
+    assert not left, f"fake vLLM processes survived their test: {left}"
+
+
+@pytest.fixture
+def fake_server(tmp_path):
+    """Factory ``fake_server(name="spec", fake_args=(), *, ready=False, restart=None,
+    timeline=None, startup_timeout_s=30.0, **kw) -> FakeServer``: the harness's supervised
+    LocalServer running the fake vLLM, on a free loopback port, model directory
+    ``tmp_path/"target"`` (served as ``"target"``), log ``tmp_path/"<name>-server.log"``.
+    ``restart`` defaults to 2 restarts with 0.2 s back-off (doubling, at most 0.3 s);
+    ``kw`` goes to LocalServer (``speculative_config``, ``stop_grace_not_ready_s``...).
+    ``ready=True`` starts it and waits until it is ready. Every one is stopped at teardown."""
+    made: list[FakeServer] = []
+
+    def make(name: str = "spec", fake_args: Sequence[str] = (), *, ready: bool = False,
+             restart: RestartPolicy | None = None, timeline: Timeline | None = None,
+             startup_timeout_s: float = 30.0, **kw: Any) -> FakeServer:
+        server = FakeServer(
+            name, kw.pop("model_dir", tmp_path / "target"), port=free_ports("127.0.0.1", 1)[0],
+            log_path=tmp_path / f"{name}-server.log", timeline=timeline or Timeline(),
+            restart=restart or RestartPolicy(max_restarts=2, backoff_s=0.2, backoff_max_s=0.3),
+            startup_timeout_s=startup_timeout_s, fake_args=fake_args, **kw)
+        made.append(server)
+        if ready:
+            server.start()
+            server.wait_ready(startup_timeout_s)
+        return server
+
+    yield make
+    for server in made:
+        server.stop(5)

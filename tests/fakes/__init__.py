@@ -1,0 +1,10 @@
+"""One fake vLLM server for every test where a real vLLM is not the point.
+
+:mod:`tests.fakes.fake_vllm` is the server (a standalone script: api → ``VLLM::EngineCore``
+→ ``VLLM::Worker``, streaming completions, ``/metrics``, parser scenarios, test hooks);
+:mod:`tests.fakes.launch` runs it (:class:`FakeProcess`, :func:`run_fake`, :class:`FakeServer`).
+"""
+
+from tests.fakes.launch import FAKE_PATH, VLLM_HEAD, FakeProcess, FakeServer, run_fake
+
+__all__ = ["FAKE_PATH", "VLLM_HEAD", "FakeProcess", "FakeServer", "run_fake"]
