@@ -1,4 +1,4 @@
-"""``specchaos cleanup`` against real orphaned process trees and state files."""
+"""``specchaos cleanup`` against real orphaned process trees (fake vLLM servers) and state files."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from faults.cleanup import cleanup
 from faults.ledger import Ledger
 from faults.registry import REGISTRY
 
-from .conftest import alive, dead_owner, start_tree
+from .conftest import alive, dead_owner
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -29,9 +29,11 @@ def write_state(state_dir, run_id, owner, processes, ledger=None):
     return path
 
 
-def tree_of(popen):
-    root = psutil.Process(popen.pid)
-    return [(p.pid, p.create_time()) for p in [root, *root.children(recursive=True)]]
+def tree_of(fake):
+    """(pid, create_time) of a fake vLLM's api, engine and worker."""
+    tree = fake.tree()
+    assert len(tree) == 3
+    return [(p.pid, p.create_time()) for p in tree]
 
 
 class Recorder(Fault):
@@ -57,11 +59,11 @@ class Recorder(Fault):
 
 
 @pytest.mark.parametrize("owner_kind", ["exited", "pid-reused"])
-def test_orphan_tree_of_a_dead_run_is_torn_down(started, tmp_path, monkeypatch, owner_kind):
+def test_orphan_tree_of_a_dead_run_is_torn_down(started, fake_vllm, tmp_path, monkeypatch, owner_kind):
     monkeypatch.setitem(REGISTRY, Recorder.kind, Recorder)
     Recorder.RECOVERED.clear()
     # An orphaned tree whose processes do not die with their parent and ignore SIGTERM.
-    tree = start_tree(started, "orphanable", "ignore-term-all")
+    tree = fake_vllm("--orphans", "--ignore-sigterm", "api,engine,worker")
     procs = tree_of(tree)
     assert len(procs) == 3
     # The run's ledger: one fault still injected, one already cleared.
@@ -89,8 +91,8 @@ def test_orphan_tree_of_a_dead_run_is_torn_down(started, tmp_path, monkeypatch, 
     assert cleanup(tmp_path)["runs"] == 0  # nothing left
 
 
-def test_live_run_is_left_alone_unless_forced(started, tmp_path):
-    tree = start_tree(started)
+def test_live_run_is_left_alone_unless_forced(fake_vllm, tmp_path):
+    tree = fake_vllm()
     procs = tree_of(tree)
     me = psutil.Process()
     state = write_state(tmp_path, "live1", (me.pid, me.create_time()), [procs[0]])
@@ -104,9 +106,9 @@ def test_live_run_is_left_alone_unless_forced(started, tmp_path):
     assert not any(alive(*p) for p in procs) and not state.exists()
 
 
-def test_unregistered_and_reused_pids_are_never_touched(started, tmp_path):
+def test_unregistered_and_reused_pids_are_never_touched(started, fake_vllm, tmp_path):
     bystander = started.popen(["sleep", "60"])  # never registered
-    reused = start_tree(started)  # registered with another create_time: a reused pid (with children)
+    reused = fake_vllm()  # registered with another create_time: a reused pid (with children)
     reused_tree = tree_of(reused)
     rct = reused_tree[0][1]
     registered = started.popen(["sleep", "60"])
@@ -118,7 +120,7 @@ def test_unregistered_and_reused_pids_are_never_touched(started, tmp_path):
 
     assert r["killed"] == [registered.pid] and r["errors"] == []
     assert registered.wait(5) is not None
-    assert bystander.poll() is None and reused.poll() is None
+    assert bystander.poll() is None and reused.popen.poll() is None
     assert all(alive(*p) for p in reused_tree)
     assert not state.exists()
 

@@ -1,4 +1,5 @@
-"""process-kill against real process trees (proctree.py) with real signals."""
+"""process-kill against fake vLLM servers (tests/fakes) under the harness's own supervisor,
+with real signals: roles come from ``LocalServer.roles()``, restarts are supervised restarts."""
 
 import signal
 import time
@@ -9,16 +10,30 @@ import pytest
 from faults.ledger import Ledger
 from faults.process_kill import cmdline_of, send_signal_exact
 from harness.errors import FaultError
+from harness.stack.config import RestartPolicy
 from harness.timeline import read_timeline
 
-from .conftest import TreeServer, TreeStack, alive, start_tree, wait_until
+from .conftest import ServersStack, alive, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
+#: A server that is not restarted (the supervisor gives up at its first exit).
+NO_RESTART = RestartPolicy(max_restarts=0)
 
-def test_kill_worker_kills_it_and_sees_the_restart(started, make_injector, tmp_path):
-    spec = TreeServer("spec", started, supervise=True)
-    stack = TreeStack({"spec": spec})
+
+def up(fake_server, *names, fake_args=(), restart=NO_RESTART):
+    """Start the named FakeServers together and wait until each is ready."""
+    servers = [fake_server(n, fake_args, restart=restart) for n in names]
+    for s in servers:
+        s.start()
+    for s in servers:
+        s.wait_ready(30)
+    return servers
+
+
+def test_kill_worker_kills_it_and_sees_the_restart(fake_server, make_injector, tmp_path):
+    (spec,) = up(fake_server, "spec", restart=RestartPolicy(max_restarts=1, backoff_s=0.1, backoff_max_s=0.1))
+    stack = ServersStack(spec=spec)
     victim = spec.roles()["worker"][0]
     vpid, vct = victim.pid, victim.create_time()
     engine = spec.roles()["engine"][0]
@@ -51,10 +66,9 @@ def test_kill_worker_kills_it_and_sees_the_restart(started, make_injector, tmp_p
     assert s["acted"] is True and s["cleared_at"] >= s["injected_at"] and s["target"] == "spec/worker"
 
 
-def test_kill_engine_role_of_named_server(started, make_injector):
-    spec = TreeServer("spec", started)
-    ref = TreeServer("ref", started)
-    inj = make_injector(TreeStack({"spec": spec, "ref": ref}))
+def test_kill_engine_role_of_named_server(fake_server, make_injector):
+    spec, ref = up(fake_server, "spec", "ref")
+    inj = make_injector(ServersStack(spec=spec, ref=ref))
     eng = ref.roles()["engine"][0]
     h = inj.inject("process-kill", {"server": "ref", "role": "engine", "signal": "TERM", "expect_restart": False})
     ev = inj.collect_evidence(h, timeout_s=10)
@@ -62,10 +76,10 @@ def test_kill_engine_role_of_named_server(started, make_injector):
     assert spec.roles()["worker"], "the other server is untouched"
 
 
-def test_process_ignoring_sigterm_gives_no_evidence(started, make_injector):
-    spec = TreeServer("spec", started, "ignore-term")
+def test_process_ignoring_sigterm_gives_no_evidence(fake_server, make_injector):
+    (spec,) = up(fake_server, "spec", fake_args=["--ignore-sigterm", "worker"])
     w = spec.roles()["worker"][0]
-    inj = make_injector(TreeStack({"spec": spec}))
+    inj = make_injector(ServersStack(spec=spec))
     h = inj.inject("process-kill", {"signal": "SIGTERM", "expect_restart": False, "gone_timeout_s": 1})
     ev = inj.collect_evidence(h, timeout_s=10)
     assert ev.acted is False
@@ -75,9 +89,9 @@ def test_process_ignoring_sigterm_gives_no_evidence(started, make_injector):
     assert inj.summary()[0]["acted"] is False
 
 
-def test_expected_restart_that_never_comes_gives_no_evidence(started, make_injector):
-    spec = TreeServer("spec", started)  # not supervised
-    inj = make_injector(TreeStack({"spec": spec}))
+def test_expected_restart_that_never_comes_gives_no_evidence(fake_server, make_injector):
+    (spec,) = up(fake_server, "spec")  # the supervisor gives up at the first exit
+    inj = make_injector(ServersStack(spec=spec))
     h = inj.inject("process-kill", {"role": "worker"})
     ev = inj.collect_evidence(h, timeout_s=1.5)
     assert ev.observations["gone"] is True
@@ -108,10 +122,10 @@ class _StaleServer:
 
 
 @pytest.mark.parametrize("stale", [{"ct_shift": -50.0}, {"cmdline": ["python", "something-else.py"]}])
-def test_pid_reuse_refuses_to_signal(started, make_injector, tmp_path, stale):
-    real = TreeServer("spec", started)
+def test_pid_reuse_refuses_to_signal(fake_server, make_injector, tmp_path, stale):
+    (real,) = up(fake_server, "spec")
     w = real.roles()["worker"][0]
-    inj = make_injector(TreeStack({"spec": _StaleServer(real, **stale)}))
+    inj = make_injector(ServersStack(spec=_StaleServer(real, **stale)))
     with pytest.raises(FaultError, match="refusing to signal"):
         inj.inject("process-kill", {"expect_restart": False})
     assert alive(w.pid, w.create_time())
@@ -134,9 +148,9 @@ def test_send_signal_exact_checks_identity(started):
     assert send_signal_exact(p.pid, proc.create_time(), signal.SIGKILL) is False  # reaped: gone
 
 
-def test_server_down_or_unknown(started, make_injector, tmp_path):
-    spec = TreeServer("spec", started)
-    inj = make_injector(TreeStack({"spec": spec}))
+def test_server_down_or_unknown(fake_server, make_injector, tmp_path):
+    (spec,) = up(fake_server, "spec")
+    inj = make_injector(ServersStack(spec=spec))
     spec.stop()
     with pytest.raises(FaultError) as ei:
         inj.inject("process-kill", {})
@@ -148,12 +162,13 @@ def test_server_down_or_unknown(started, make_injector, tmp_path):
     assert [e["state"] for e in led.entries()] == ["cleared", "cleared"] and led.open_faults() == []
 
 
-def test_a_second_tree_is_not_touched(started, make_injector):
-    spec = TreeServer("spec", started)
-    other = start_tree(started)  # same titles, not part of the stack
-    ow = psutil.Process(other.pid).children(recursive=True)
-    inj = make_injector(TreeStack({"spec": spec}))
+def test_a_second_tree_is_not_touched(fake_server, fake_vllm, make_injector):
+    (spec,) = up(fake_server, "spec")
+    other = fake_vllm()  # same titles, not part of the stack
+    ow = other.tree()
+    assert len(ow) == 3
+    inj = make_injector(ServersStack(spec=spec))
     h = inj.inject("process-kill", {"expect_restart": False})
     assert inj.collect_evidence(h, 10).acted
-    assert wait_until(lambda: spec.popen.poll() is not None)
-    assert all(alive(p.pid, p.create_time()) for p in ow) and other.poll() is None
+    assert wait_until(lambda: spec.api_process() is None)   # the spec server went down
+    assert all(alive(p.pid, p.create_time()) for p in ow) and other.popen.poll() is None
