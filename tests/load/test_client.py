@@ -1,7 +1,8 @@
-"""The streaming client's parser and error classes, fed real HTTP from a hand-made SSE server.
+"""The streaming client's parser and error classes, fed real HTTP by the fake vLLM.
 
 These test the client, not the system under test: every scenario is a byte stream
-written by hand in :mod:`tests.load.sse_server`.
+written by hand in the fake (:data:`tests.fakes.fake_vllm.SCENARIOS`), chosen by the
+request's ``model``.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from harness.errors import LoadError
 from harness.load.client import completion_body, fetch_reference, make_client, stream_completion
 from harness.load.prompts import Prompt
 
-from .sse_server import SSEServer
+from tests.fakes import run_fake
 
 PROMPT = Prompt(prompt_id=3, prompt_class="medium", text="hello there", prompt_tokens=3, max_tokens=6)
 
 
 @pytest.fixture(scope="module")
 def server():
-    with SSEServer() as srv:
+    with run_fake() as srv:
         yield srv
 
 
@@ -183,7 +184,7 @@ def test_fetch_reference(server):
 def test_fetch_reference_retries(server):
     refs = fetch_reference(server.base_url, "flaky", _prompts(3), timeout_s=5, retry_backoff_s=0.01)
     assert all(r.ok for r in refs.values())
-    assert all(server.seen[f"prompt {i}"] == 3 for i in range(3))
+    assert all(server.flaky_seen[f"prompt {i}"] == 3 for i in range(3))
 
 
 def test_fetch_reference_gives_up_naming_the_prompt(server):

@@ -1,4 +1,4 @@
-"""The locust process end to end against the hand-made SSE server (no vLLM needed):
+"""The locust process end to end against the fake vLLM's hand-made SSE scenarios (no vLLM needed):
 records, per-user seeded walks, the global request bound, error backoff, graceful stop
 with requests in flight, early-exit detection, and no process left behind."""
 
@@ -16,14 +16,14 @@ from harness.load.locust_process import LocustProcess
 from harness.load.prompts import Prompt, save_prompt_set
 from harness.load.records import read_records
 
-from .sse_server import SSEServer
+from tests.fakes import run_fake
 
 PROMPTS = [Prompt(i, ("short", "medium", "long")[i % 3], f"prompt number {i}", 4, 6) for i in range(5)]
 
 
 @pytest.fixture(scope="module")
 def server():
-    with SSEServer() as srv:
+    with run_fake() as srv:
         yield srv
 
 
