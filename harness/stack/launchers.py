@@ -4,7 +4,10 @@ is one new module plus one line in :data:`LAUNCHERS`.
 
 An entry is a class implementing :class:`harness.stack.base.Stack`, or the
 ``"module:attribute"`` path of one (imported on first use, so naming a launcher never
-imports the others' dependencies, e.g. the Docker SDK).
+imports the others' dependencies, e.g. the Docker SDK). Launchers kept outside this
+package are added with :func:`register_launcher`, or for every process of a run (the CLI,
+a CI job) with the environment variable ``SPECCHAOS_LAUNCHERS``:
+``"name=module:attribute[,name=module:attribute...]"``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from typing import Any
 from harness.errors import SpecchaosError
 from harness.timeline import Timeline
 
-__all__ = ["LAUNCHERS", "launcher_names", "register_launcher", "launcher_class", "make_stack"]
+__all__ = ["LAUNCHERS", "ENV_VAR", "launcher_names", "register_launcher", "launcher_class", "make_stack"]
+
+#: Environment variable naming extra launchers (see module doc).
+ENV_VAR = "SPECCHAOS_LAUNCHERS"
 
 #: ``stack.launcher`` name → Stack class (or its ``"module:attribute"`` path).
 LAUNCHERS: dict[str, Any] = {
@@ -24,8 +30,23 @@ LAUNCHERS: dict[str, Any] = {
 }
 
 
+def _from_environment() -> None:
+    """Register the launchers named in ``$SPECCHAOS_LAUNCHERS`` (not already registered).
+
+    Raises:
+        SpecchaosError: an entry is not ``name=module:attribute``.
+    """
+    for item in filter(None, (x.strip() for x in os.environ.get(ENV_VAR, "").split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or ":" not in path or not name.strip():
+            raise SpecchaosError(f"malformed entry {item!r}", where=f"${ENV_VAR}",
+                                 hint="use name=module:attribute, comma-separated")
+        LAUNCHERS.setdefault(name.strip(), path.strip())
+
+
 def launcher_names() -> list[str]:
-    """The registered launcher names, sorted."""
+    """The registered launcher names (with those of ``$SPECCHAOS_LAUNCHERS``), sorted."""
+    _from_environment()
     return sorted(LAUNCHERS)
 
 
@@ -40,6 +61,7 @@ def launcher_class(name: str) -> type:
     Raises:
         SpecchaosError: unknown name, or its module cannot be imported.
     """
+    _from_environment()
     try:
         entry = LAUNCHERS[name]
     except KeyError:

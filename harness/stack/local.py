@@ -464,8 +464,7 @@ class LocalServer:
             backoff = min(self.restart.backoff_s * 2 ** (attempt - 1), self.restart.backoff_max_s)
             with self._cond:
                 self._set_state("restarting")
-            log.warning("server %s exited unexpectedly (%s); restart %d in %.1f s", self.name,
-                        vllm.describe_exit(popen.returncode), attempt, backoff)
+            log.warning("server %s: supervised restart %d in %.1f s", self.name, attempt, backoff)
             self._emit("server_restarting", attempt=attempt, backoff_s=backoff)
             if self._stop_requested.wait(backoff):
                 return

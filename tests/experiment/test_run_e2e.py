@@ -153,38 +153,6 @@ def _phase_started(out: Path, phase: str) -> bool:
     return tl.exists() and f'"phase": "{phase}"' in tl.read_text()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_mid_run_tears_down_and_writes_partial_report(tmp_path, sig):
-    out = tmp_path / "out"
-    exp = variant(tmp_path, "interrupted", **{"stack.reference": False, "phases.baseline_s": 60,
-                                               "integrity.min_compared": 0})
-    before = sut_pids()
-    proc = specchaos("run", str(exp), "--out", str(out))
-    try:
-        _wait_for(lambda: _phase_started(out, "baseline") and (out / "records.jsonl").exists(), 300,
-                  "the baseline phase")
-        time.sleep(3)
-        proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2, output[-3000:]
-    rep = json.loads((out / "report.json").read_text())
-    assert rep["verdict"] == "error"
-    assert rep["requests"]["total"] > 0, "partial results already measured must be written"
-    assert leaked_since(before) == []
-    assert rep["interrupted"] is True
-    assert rep["errors"][0] == f"interrupted by {sig.name} during the baseline phase", rep["errors"]
-    # Re-judging the saved data is idempotent: same verdict, same errors, every time.
-    for _ in range(2):
-        again = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(out)], cwd=ROOT,
-                               capture_output=True, text=True, timeout=120)
-        assert again.returncode == 2, again.stderr
-        rep2 = json.loads((out / "report.json").read_text())
-        assert (rep2["verdict"], rep2["errors"], rep2["experiment"]) == (rep["verdict"], rep["errors"], rep["experiment"])
-
-
 def test_ctrl_c_while_the_stack_starts_returns_quickly(tmp_path):
     """vLLM ignores SIGTERM while it starts: stopping must not wait the full graceful
     timeout per server (both servers are stopped together, with a short grace)."""
@@ -206,28 +174,4 @@ def test_ctrl_c_while_the_stack_starts_returns_quickly(tmp_path):
     assert took < 20, f"stopping a starting stack took {took:.1f} s"
     rep = json.loads((out / "report.json").read_text())
     assert rep["verdict"] == "error" and rep["errors"][0].startswith("interrupted by SIGINT during start-up")
-    assert leaked_since(before) == []
-
-
-def test_server_that_never_comes_back_is_not_a_pass(tmp_path):
-    """No restarts allowed: the kill leaves the server dead. The fault's evidence
-    (a supervised restart) never comes, recovery is never reached: the run must end
-    as error (exit 2), with the recovery checks failed, and nothing left running."""
-    out = tmp_path / "out"
-    exp = variant(tmp_path, "never-back", **{"stack.reference": False, "stack.restart.max_restarts": 0,
-                                             "phases.baseline_s": 10, "phases.fault_timeout_s": 15,
-                                             "phases.recovery_timeout_s": 10, "phases.after_s": 5,
-                                             "integrity.min_compared": 0})
-    before = sut_pids()
-    proc = specchaos("run", str(exp), "--out", str(out))
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 2, output[-3000:]
-    rep = json.loads((out / "report.json").read_text())
-    assert rep["verdict"] == "error"
-    assert rep["restarts"] == 0
-    assert rep["recovery"]["time_to_healthy_s"] is None
-    assert rep["recovery"]["time_to_first_success_s"] is None
-    failed = {c["name"] for c in rep["checks"] if not c["passed"]}
-    assert "recovery.time_to_healthy_s" in failed and "recovery.time_to_first_success_s" in failed
-    assert any("evidence" in e for e in rep["errors"]), rep["errors"]
     assert leaked_since(before) == []

@@ -9,7 +9,7 @@ from harness.experiment.config import SpecchaosConfig
 from harness.experiment.runner import EXIT_CODES
 from harness.report.judge import NO_FAULT_ERROR, judge
 from harness.checks.run import recorded_run
-from tests.factories import ev, make_record, phase_events
+from tests.factories import make_record, phase_events
 
 
 def probe(name: str, output, tolerance, met: bool, status: str = "succeeded") -> dict:

@@ -75,7 +75,7 @@ def vllm_server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm") / "spec-server.log"
     model = str(MODELS / "target")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
            "--max-model-len", "1024", "--speculative-config",
            '{"method":"draft_model","model":"%s","num_speculative_tokens":4}' % (MODELS / "draft-exact")]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
