@@ -6,6 +6,9 @@ A fault is constructed from validated parameters, then driven by the generic
 1. the ledger records the *intent* (kind, target, params) **before** anything acts;
 2. :meth:`Fault.inject` acts and returns what it did (pids, previous values...),
    which goes into the ledger so a crashed run can be reverted;
+   (before the load starts, :meth:`Fault.prepare` may set up what the fault needs on the
+   load path, e.g. a proxy the load is routed through; :meth:`Fault.release` undoes it
+   at the end of the run);
 3. :meth:`Fault.evidence` gathers proof that it acted (a measured effect). A fault
    without evidence makes the run an *error*, never a pass;
 4. :meth:`Fault.clear` reverts it (idempotent; also called on exceptions and signals);
@@ -111,6 +114,22 @@ class Fault(ABC):
     @abstractmethod
     def clear(self, ctx: FaultContext) -> None:
         """Revert the fault. Idempotent; must not raise on an already-cleared fault."""
+
+    def prepare(self, ctx: FaultContext) -> None:
+        """Called once per fault the experiment declares, after the stack started and
+        before the load starts. It must not disturb the system under test; it may put
+        something on the load path (set ``ctx.load_urls[server]`` to a proxy's URL), so a
+        network fault re-routes the load without touching the session. Default: nothing.
+
+        Raises:
+            FaultError: what it needs cannot be set up (the run then fails to start).
+        """
+        return None
+
+    def release(self, ctx: FaultContext) -> None:
+        """Undo :meth:`prepare` at the end of the run (after the load stopped). Idempotent;
+        default: nothing."""
+        return None
 
     @classmethod
     def recover(cls, entry: dict[str, Any]) -> None:

@@ -96,6 +96,7 @@ class FaultInjector:
     def __init__(self, ctx: InjectionContext):
         self.ctx = ctx
         self.handles: list[FaultHandle] = []
+        self.prepared: list[Fault] = []
         self._lock = threading.RLock()
 
     def __enter__(self) -> "FaultInjector":
@@ -121,7 +122,7 @@ class FaultInjector:
                 clear attempted right after succeeded, ``cleared``; otherwise the fault stays
                 open and :meth:`clear_all` / ``specchaos cleanup`` retry it.
         """
-        fault = make_fault(kind, params, where)
+        fault = self._prepared_instance(make_fault(kind, params, where))
         ledger, tl = self.ctx.ledger, self.ctx.timeline
         with self._lock:
             target = fault.describe_target(self.ctx)
@@ -146,6 +147,46 @@ class FaultInjector:
             extra = {k: v for k, v in facts.items() if k not in _RESERVED}
             tl.emit("fault", "fault_injected", t=entry["t"], fault_id=fault_id, kind=kind, target=target, **extra)
             return handle
+
+    def prepare(self, faults: list[Fault]) -> None:
+        """Let every declared fault set up what it needs before the load starts
+        (:meth:`Fault.prepare`, e.g. a proxy on the load path); remembered for
+        :meth:`release_all`.
+
+        Raises:
+            FaultError: a fault could not prepare (those prepared so far are released).
+        """
+        with self._lock:
+            for fault in faults:
+                try:
+                    fault.prepare(self.ctx)
+                except BaseException:
+                    self.release_all()
+                    raise
+                self.prepared.append(fault)
+
+    def _prepared_instance(self, fault: Fault) -> Fault:
+        """The prepared fault of the same family and parameters, if any (it holds what
+        :meth:`Fault.prepare` set up, e.g. its proxy), else ``fault`` itself."""
+        params = fault.params.model_dump(mode="json")
+        for p in self.prepared:
+            if p.kind == fault.kind and p.params.model_dump(mode="json") == params:
+                return p
+        return fault
+
+    def release_all(self) -> list[str]:
+        """Undo every :meth:`prepare`, newest first; errors are logged and returned, and
+        the others are still released."""
+        failures = []
+        with self._lock:
+            while self.prepared:
+                fault = self.prepared.pop()
+                try:
+                    fault.release(self.ctx)
+                except Exception as exc:  # noqa: BLE001 - release the others
+                    log.error("releasing %s failed: %s", fault.kind, _describe(exc))
+                    failures.append(f"{fault.kind}: {_describe(exc)}")
+        return failures
 
     def collect_evidence(self, handle: FaultHandle, timeout_s: float) -> Evidence:
         """Ask the fault for proof that it acted (waits up to ``timeout_s``), record it in the

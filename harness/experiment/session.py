@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faults.base import Fault
 from faults.inject import FaultInjector, InjectionContext
 from faults.ledger import Ledger
 from harness.errors import LoadError, SpecchaosError
@@ -59,6 +60,8 @@ class RunInfo:
     out_dir: Path
     cfg: SpecchaosConfig
     meta: dict[str, Any] = field(default_factory=dict)
+    #: The faults the experiment declares; each may prepare the load path before the load starts.
+    faults: list[Fault] = field(default_factory=list)
 
 
 class Session:
@@ -121,6 +124,7 @@ class Session:
         spec = self.stack.servers["spec"]
         for name, server in self.stack.servers.items():
             self.fault_ctx.load_urls.setdefault(name, server.base_url)
+        self.injector.prepare(self.info.faults)   # e.g. a proxy on the load path
 
         lc = cfg.load
         self.prompts = build_prompt_set(target_dir, seed=lc.seed, short=lc.short_prompts,
@@ -195,6 +199,7 @@ class Session:
             steps = [
                 ("stop load", self.stop_load),
                 ("clear faults", self.injector.clear_all),
+                ("release the load path", self.injector.release_all),
                 ("stop health sampler", self.health.stop if self.health else None),
                 ("stop stack", self.stack.stop if self.stack else None),
             ]
@@ -202,10 +207,14 @@ class Session:
                 if step is None:
                     continue
                 try:
-                    step()
+                    failures = step()
                 except Exception as exc:  # keep tearing down the rest
                     log.error("cleanup step %r failed: %s", what, exc)
                     self.errors.append(f"cleanup: {what} failed: {exc}")
+                    continue
+                for failure in failures if isinstance(failures, list) else []:
+                    text = failure if isinstance(failure, str) else f"{failure.get('fault_id')}: {failure.get('error')}"
+                    self.errors.append(f"cleanup: {what}: {text}")
             self.run_state.close()
             set_current(None)
 

@@ -13,7 +13,7 @@ pre-flight (:func:`harness.stack.preflight.check_stack`: models, configured port
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -43,6 +43,8 @@ class Experiment:
     path: Path
     doc: dict[str, Any]
     cfg: SpecchaosConfig
+    #: The faults the experiment declares (validated), in document order.
+    faults: list[Fault] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -165,4 +167,4 @@ def load_experiment(path: str | Path) -> Experiment:
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
-    return Experiment(path=path, doc=doc, cfg=cfg)
+    return Experiment(path=path, doc=doc, cfg=cfg, faults=[f for _, _, f in faults])

@@ -66,22 +66,103 @@ def section(run: RecordedRun) -> dict:
 '''
 
 
+TUNNEL = '''
+"""Fault family ``tunnel``: the load goes through a TCP relay set up before the load starts
+(``prepare``); the fault's evidence is the traffic measured through it."""
+import socket
+import threading
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+from faults.base import Evidence, Fault, FaultContext, FaultParams
+
+
+class TunnelParams(FaultParams):
+    """server: whose load path to relay."""
+    server: str = "spec"
+
+
+class Tunnel(Fault):
+    """Relay the load to one server through a loopback TCP relay."""
+    kind: ClassVar[str] = "tunnel"
+    activity: ClassVar[str] = "tunnel"
+    Params = TunnelParams
+
+    def prepare(self, ctx: FaultContext) -> None:
+        up = urlsplit(ctx.load_urls[self.params.server])
+        self.upstream = (up.hostname, up.port)
+        self.bytes = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.stopped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+        ctx.load_urls[self.params.server] = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                continue
+            upstream = socket.create_connection(self.upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                self.bytes += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def describe_target(self, ctx: FaultContext) -> str:
+        return f"{self.params.server}/load-path"
+
+    def inject(self, ctx: FaultContext) -> dict:
+        self.at_inject = self.bytes
+        return {"bytes_before": self.bytes}
+
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        import time
+        time.sleep(1.0)
+        moved = self.bytes - self.at_inject
+        return Evidence(moved > 0, {"bytes_relayed": moved}, f"{moved} bytes relayed in 1 s")
+
+    def clear(self, ctx: FaultContext) -> None:
+        return None
+
+    def release(self, ctx: FaultContext) -> None:
+        self.stopped.set()
+        self.listener.close()
+'''
+
+
 @pytest.fixture
 def plugins(tmp_path, monkeypatch):
     """Write the two temporary modules, register them (one line each), undo afterwards."""
     (tmp_path / "recipe_fault.py").write_text(textwrap.dedent(FAMILY))
     (tmp_path / "recipe_check.py").write_text(textwrap.dedent(CHECK))
+    (tmp_path / "recipe_tunnel.py").write_text(textwrap.dedent(TUNNEL))
     monkeypatch.syspath_prepend(str(tmp_path))
     fam = importlib.import_module("recipe_fault")
     chk = importlib.import_module("recipe_check")
     register_fault(fam.TouchFile)                                                # the registry line
+    register_fault(importlib.import_module("recipe_tunnel").Tunnel)
     register_check(CheckFamily("request_count", chk.check, chk.section))         # the registry line
     actions.refresh_fault_actions()   # registered at run time: regenerate the typed actions
     yield tmp_path
     unregister_fault("touch-file")
+    unregister_fault("tunnel")
     unregister_check("request_count")
     actions.refresh_fault_actions()
-    for mod in ("recipe_fault", "recipe_check"):
+    for mod in ("recipe_fault", "recipe_check", "recipe_tunnel"):
         sys.modules.pop(mod, None)
 
 
@@ -100,6 +181,18 @@ def test_a_new_family_and_a_new_check_run_through_the_whole_path(plugins):
     c = {c["name"]: c for c in rep["checks"]}["request_count.total"]
     assert c["passed"] and c["observed"] == rep["requests"]["total"]
     assert rep["request_count"]["total"] == rep["requests"]["total"]
+
+
+def test_a_fault_can_put_itself_on_the_load_path_without_touching_the_session(plugins):
+    method = [{"type": "action", "name": "relay-the-load",
+               "provider": {"type": "python", "module": "harness.experiment.actions", "func": "tunnel",
+                            "arguments": {"server": "spec"}}}]
+    code, rep, _, _ = run_fast(plugins, "tunnel", method=method)
+    failed = [c for c in rep["checks"] if not c["passed"]]
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    (fault,) = rep["faults"]
+    assert fault["kind"] == "tunnel" and fault["acted"]
+    assert fault["evidence"]["observations"]["bytes_relayed"] > 0   # the load really went through it
 
 
 def test_a_typed_action_rejects_an_unknown_argument_like_chaos_toolkit(plugins):
