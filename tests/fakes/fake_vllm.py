@@ -59,7 +59,7 @@ Fake-only flags:
     --term-delay S        the API process exits with code 0 S seconds after SIGTERM
                           (``fake vllm got SIGTERM``; default at once)
     --step-delay-s S      time of one engine step in the worker (default 0.005)
-    --dead-exit-delay S   how long a dead engine's API process lives on (default 0.5)
+    --dead-exit-delay S   how long a dead engine's API process lives on (default 0.3)
     --orphans             engine and worker survive their parent (see above)
     --orphan-max-s S      an orphan exits after S seconds anyway (default 300)
     --mismatch            greedy outputs differ from the deterministic ones from the third
@@ -186,7 +186,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--ignore-sigterm", nargs="?", const="api", default="")
     ap.add_argument("--term-delay", type=float, default=0.0)
     ap.add_argument("--step-delay-s", type=float, default=0.005)
-    ap.add_argument("--dead-exit-delay", type=float, default=0.5)
+    ap.add_argument("--dead-exit-delay", type=float, default=0.3)
     ap.add_argument("--orphans", action="store_true")
     ap.add_argument("--orphan-max-s", type=float, default=300.0)
     ap.add_argument("--mismatch", action="store_true")
@@ -742,7 +742,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(req, bool(opts.get("include_usage")), bool(body.get("return_token_ids")))
             else:
                 self._whole(req, bool(body.get("return_token_ids")))
-        except OSError:   # the client went away
+        except (OSError, ValueError):   # the client went away (a reset, or a closed file)
             st.engine.cancel(req)
             self.close_connection = True
 

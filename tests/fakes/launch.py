@@ -34,13 +34,19 @@ from harness.stack import procs
 from harness.stack.local import LocalServer
 from harness.stack.ports import free_ports
 
-__all__ = ["FAKE_PATH", "VLLM_HEAD", "FakeProcess", "FakeServer", "run_fake"]
+__all__ = ["FAKE_PATH", "VLLM_HEAD", "FakeProcess", "FakeServer", "http_client", "run_fake"]
 
 #: The fake's script; run it as ``python FAKE_PATH ...`` (it imports nothing of the harness).
 FAKE_PATH = Path(__file__).resolve().with_name("fake_vllm.py")
 #: How ``LocalServer.command()`` starts vLLM; :class:`FakeServer` swaps exactly this.
 VLLM_HEAD = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 _HOST = "127.0.0.1"
+
+
+def http_client(timeout_s: float = 10.0) -> httpx.Client:
+    """An ``httpx.Client`` for plain HTTP to the fake: no proxy from the environment, and no
+    TLS set-up (loading the CA bundle costs ~60 ms per client, a lot in a polling loop)."""
+    return httpx.Client(trust_env=False, verify=False, timeout=timeout_s)
 
 
 class FakeProcess:
@@ -112,7 +118,7 @@ class FakeProcess:
         """Poll ``/health`` until 200 (every 20 ms)."""
         assert self.popen is not None, "start() first"
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(trust_env=False, timeout=2.0) as client:
+        with http_client(2.0) as client:
             while True:
                 if self.popen.poll() is not None:
                     raise RuntimeError(f"fake vLLM exited with {self.popen.returncode} during start-up:\n"
@@ -165,7 +171,7 @@ class FakeProcess:
 
     # ------------------------------------------------------------------ test hooks
     def _get_json(self, path: str) -> Any:
-        with httpx.Client(trust_env=False, timeout=5.0) as c:
+        with http_client(5.0) as c:
             r = c.get(self.base_url + path)
             r.raise_for_status()
             return r.json()
@@ -182,11 +188,11 @@ class FakeProcess:
 
     def release(self) -> None:
         """Wake the scenarios that wait (``hang_head``, ``hang_after_chunk``, ``trickle``, ``slow``)."""
-        with httpx.Client(trust_env=False, timeout=5.0) as c:
+        with http_client(5.0) as c:
             c.post(self.base_url + "/fake/release")
 
     def metrics_text(self) -> str:
-        with httpx.Client(trust_env=False, timeout=5.0) as c:
+        with http_client(5.0) as c:
             r = c.get(self.base_url + "/metrics")
             r.raise_for_status()
             return r.text
