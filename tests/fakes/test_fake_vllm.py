@@ -203,6 +203,17 @@ class Streamer(threading.Thread):
             time.sleep(0.01)
         assert len(self.arrivals) >= n, "the stream did not start"
 
+    def settle(self, quiet_s: float = 0.15, timeout_s: float = 5.0) -> int:
+        """Wait until nothing arrived for ``quiet_s``; the number of lines by then."""
+        deadline = time.monotonic() + timeout_s
+        n = len(self.arrivals)
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            if len(self.arrivals) == n:
+                break
+            n = len(self.arrivals)
+        return n
+
     def tokens(self) -> int:
         return sum(len(json.loads(e[6:])["choices"][0]["token_ids"]) for e in self.events if e != "data: [DONE]")
 
@@ -224,8 +235,7 @@ def test_sigstop_of_engine_or_worker_stops_tokens_while_health_stays_200(fake_vl
         victim = fake.role(role)
         victim.send_signal(signal.SIGSTOP)
         try:
-            time.sleep(0.05)   # a step already under way may still arrive
-            n = len(s.arrivals)
+            n = s.settle()   # a step already on its way back may still arrive
             for _ in range(3):
                 assert health(fake) == 200, role
                 time.sleep(0.1)
@@ -258,7 +268,7 @@ def test_death_in_the_tree_fails_streams_and_the_api_exits_0(fake_vllm, role):
         assert s.error is None
         err = json.loads(s.events[-2][6:])
         assert s.events[-1] == "data: [DONE]" and err["error"]["code"] == 500
-        assert "EngineCore" in err["error"]["message"] and s.arrivals[-1] - t_kill < 1.0
+        assert "EngineCore" in err["error"]["message"] and s.arrivals[-1] - t_kill < 2.0
     assert procs.wait_gone(tree, 5) == []   # the rest of the tree went down with it
     assert "EngineDeadError" in fake.log_text()
 
