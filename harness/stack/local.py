@@ -58,10 +58,11 @@ import psutil
 
 from harness import state
 from harness.clock import now
-from harness.errors import SpecchaosError, StackError
+from harness.errors import ModelError, SpecchaosError, StackError
 from harness.proc import die_with_parent
 from harness.stack import procs, vllm
 from harness.stack.config import RestartPolicy, StackConfig, needs_draft
+from harness.stack.models import resolve_model
 from harness.stack.ports import free_ports, wait_port_free
 from harness.stack.preflight import check_stack
 from harness.stack.reaper import reaper
@@ -621,7 +622,13 @@ class LocalStack:
         self.timeline = timeline
         self.vllm_version = vllm.installed_vllm_version()
         self.servers: dict[str, LocalServer] = {}
-        self.speculative: dict[str, Any] = {"method": cfg.method, "draft": cfg.draft if needs_draft(cfg.method) else None,
+        draft: str | None = None
+        if needs_draft(cfg.method) and cfg.draft:
+            try:   # the resolved directory when it exists; start() re-checks it anyway
+                draft = str(resolve_model(Path(cfg.models_dir), cfg.draft))
+            except ModelError:
+                draft = cfg.draft
+        self.speculative: dict[str, Any] = {"method": cfg.method, "draft": draft,
                                             "num_speculative_tokens": cfg.num_speculative_tokens}
         self._lock = threading.RLock()
 
