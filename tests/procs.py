@@ -1,8 +1,10 @@
-"""Test helpers: find processes of the system under test, to prove nothing leaks."""
+"""Test helpers: find processes of the system under test (to prove nothing leaks), and
+wait for a run to reach a point."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 
@@ -36,3 +38,19 @@ def leaked_since(before: set[int], wait_s: float = 20.0) -> list[str]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.5)
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
+    """Poll ``predicate`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def phase_started(out: Path, phase: str) -> bool:
+    """Whether the run writing ``out`` has started ``phase`` (from its timeline)."""
+    tl = Path(out) / "timeline.jsonl"
+    return tl.exists() and f'"phase": "{phase}"' in tl.read_text()

@@ -11,12 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.experiment.fast_e2e import ROOT, fast_experiment
-from tests.procs import leaked_since, sut_pids
+from tests.procs import leaked_since, phase_started, sut_pids, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,20 +25,6 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", SPECCHAOS_LAUNCHERS="fake=tests.fak
 def cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def phase_started(out: Path, phase: str) -> bool:
-    tl = out / "timeline.jsonl"
-    return tl.exists() and f'"phase": "{phase}"' in tl.read_text()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

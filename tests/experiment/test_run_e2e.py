@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.procs import leaked_since, sut_pids
+from tests.procs import leaked_since, sut_pids, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = ROOT / "experiments" / "kill-draft-worker.yaml"
@@ -139,20 +139,6 @@ def test_rejudge_from_saved_data(default_run):
     assert again["verdict"] == default_run["report"]["verdict"]
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _phase_started(out: Path, phase: str) -> bool:
-    tl = out / "timeline.jsonl"
-    return tl.exists() and f'"phase": "{phase}"' in tl.read_text()
-
-
 def test_ctrl_c_while_the_stack_starts_returns_quickly(tmp_path):
     """vLLM ignores SIGTERM while it starts: stopping must not wait the full graceful
     timeout per server (both servers are stopped together, with a short grace)."""
@@ -160,7 +146,7 @@ def test_ctrl_c_while_the_stack_starts_returns_quickly(tmp_path):
     before = sut_pids()
     proc = specchaos("run", str(variant(tmp_path, "early")), "--out", str(out))
     try:
-        _wait_for(lambda: len(sut_pids() - before) >= 2, 120, "both servers to be spawned")
+        wait_for(lambda: len(sut_pids() - before) >= 2, 120, "both servers to be spawned")
         time.sleep(5)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
