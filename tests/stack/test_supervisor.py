@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from harness.stack.local import LocalServer, LocalStack
 from harness.stack.ports import free_ports, port_in_use, wait_port_free
 from harness.stack.vllm import last_meaningful_line, speculative_config
 from harness.timeline import Timeline
-from tests.fakes import FAKE_PATH, FakeServer
+from tests.fakes import FAKE_PATH
 
 pytestmark = pytest.mark.timeout(120)
 
