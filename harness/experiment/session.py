@@ -4,10 +4,12 @@ simplest honest way to share it).
 
 The session owns the run directory and orders its resources:
 
-    start():  stack (both servers) → prompt set → reference outputs → health sampler
-              → locust load → warm-up → ``baseline`` phase
-    close():  stop load → clear every fault → stop health sampler → stop stack
-              → forget the run state (idempotent; also run on errors and signals)
+    start():  stack (both servers, built by the launcher factory) → the declared faults
+              prepare the load path → prompt set → reference outputs → health sampler
+              → locust load (to ``load_urls["spec"]``) → warm-up → ``baseline`` phase
+    close():  stop load → clear every fault → release the load path → stop health
+              sampler → stop stack → forget the run state (idempotent; also run on
+              errors and signals)
 
 Nothing here judges: judgement is :func:`harness.report.judge.judge_run` over the files
 this session writes (``prompts.json``, ``reference.jsonl``, ``records.jsonl``,
