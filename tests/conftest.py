@@ -1,16 +1,25 @@
-"""Fixtures shared by every test directory: the fake vLLM (see :mod:`tests.fakes`)."""
+"""Fixtures shared by every test directory: the fake vLLM (see :mod:`tests.fakes`), and the
+one real stack (spec + ref on the tiny models, CPU) that every real-stack test shares."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from harness.stack.config import RestartPolicy
+from harness.stack.config import RestartPolicy, StackConfig
+from harness.stack.local import LocalStack
+from harness.stack.models import build_models
 from harness.stack.ports import free_ports
+from harness.stack.vllm import vllm_distribution
 from harness.timeline import Timeline
 from tests.fakes import FakeProcess, FakeServer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -60,3 +69,27 @@ def fake_server(tmp_path):
     yield make
     for server in made:
         server.stop(5)
+
+
+@pytest.fixture(scope="session")
+def real_stack(tmp_path_factory):
+    """``SimpleNamespace(stack, timeline, run_dir, startup_s)`` of a started LocalStack.
+
+    Started once per session (both servers), always stopped at the end.
+    """
+    if vllm_distribution() is None:
+        pytest.skip("vLLM is not installed")
+    models = ROOT / "models"
+    build_models(models)   # seconds; skipped when models/manifest.json verifies
+    run_dir = tmp_path_factory.mktemp("stack-run")
+    timeline = Timeline(run_dir / "timeline.jsonl")
+    cfg = StackConfig(models_dir=str(models), startup_timeout_s=600,
+                      restart=RestartPolicy(max_restarts=2, backoff_s=0.5, backoff_max_s=2.0))
+    stack = LocalStack(cfg, run_dir, timeline=timeline)
+    t0 = time.monotonic()
+    stack.start()
+    ns = SimpleNamespace(stack=stack, timeline=timeline, run_dir=run_dir, startup_s=time.monotonic() - t0)
+    try:
+        yield ns
+    finally:
+        stack.stop()

@@ -1,28 +1,22 @@
 """The load side against a real vLLM server with speculative decoding (tiny models, CPU).
 
-One module-scoped server: ``models/target`` with ``models/draft-exact`` as a draft-model
-speculator (4 speculative tokens), started once and always stopped.
+The speculative server of the session's shared real stack (tests/conftest.py):
+``models/target`` with ``models/draft-exact`` as a draft-model speculator (4 speculative
+tokens), started once for every real-stack test and always stopped.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from harness.load.config import LoadConfig
 from harness.load.client import fetch_reference, make_client, stream_completion
 from harness.load.locust_process import LocustProcess
-from harness.proc import die_with_parent
 from harness.load.prompts import build_prompt_set, save_prompt_set
 from harness.load.records import read_records
 
@@ -30,79 +24,14 @@ pytestmark = pytest.mark.stack
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
-STARTUP_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop_tree(proc: subprocess.Popen, timeout_s: float = 30) -> None:
-    """SIGTERM the server's session, then SIGKILL whatever is left of it."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-    _, alive = psutil.wait_procs(tree, timeout=5)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """(base_url, model name) of a started speculative server; its tree is gone afterwards."""
-    if not (MODELS / "manifest.json").is_file():
-        pytest.skip("tiny models not built (models/manifest.json missing)")
-    pytest.importorskip("vllm")
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "spec-server.log"
-    model = str(MODELS / "target")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
-           "--max-model-len", "1024", "--speculative-config",
-           '{"method":"draft_model","model":"%s","num_speculative_tokens":4}' % (MODELS / "draft-exact")]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM), cwd=str(ROOT))
-    tree: list[psutil.Process] = []
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited at start ({proc.returncode}): {log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not healthy in {STARTUP_TIMEOUT_S} s: {log_path.read_text()[-3000:]}")
-            time.sleep(1)
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        yield base_url, model
-    finally:
-        _stop_tree(proc)
-        left = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not left, f"vLLM processes left behind: {left}"
+def vllm_server(real_stack):
+    """(base_url, model name) of the shared real stack's speculative server
+    (``draft_model`` with ``draft-exact``, 4 speculative tokens; see tests/conftest.py)."""
+    spec = real_stack.stack.servers["spec"]
+    return spec.base_url, spec.model
 
 
 @pytest.fixture(scope="module")
