@@ -1,6 +1,6 @@
 """The limits the checks judge against, owned by the checks layer: the ``slo``,
-``degradation``, ``recovery``, ``fail_fast`` and ``integrity`` blocks of an experiment's
-configuration. Latency limits are seconds (p95 over a phase), rates fractions in [0, 1].
+``degradation``, ``recovery``, ``fail_fast``, ``integrity``, ``liveness`` and ``hang``
+blocks of an experiment's configuration. Latency limits are seconds (p95 over a phase), rates fractions in [0, 1].
 
 :class:`CheckLimits` is what a check may read from the run's configuration; the
 experiment configuration (:class:`harness.experiment.config.SpecchaosConfig`) satisfies it.
@@ -14,7 +14,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from harness.metrics.config import GoodputConfig
 
-__all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "CheckLimits"]
+__all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
+           "HangConfig", "CheckLimits"]
 
 
 class _Strict(BaseModel):
@@ -76,6 +77,22 @@ class IntegrityConfig(_Strict):
     min_compared: int = Field(20, ge=0)
 
 
+class LivenessConfig(_Strict):
+    """Liveness truth (:mod:`harness.checks.liveness`): ``/health`` may keep answering 200
+    into a stall — requests in flight, no output chunk arriving — for at most
+    ``max_health_lie_s`` seconds."""
+
+    max_health_lie_s: float = Field(5.0, gt=0)
+
+
+class HangConfig(_Strict):
+    """Hang (:mod:`harness.checks.hang`): requests may be in flight with no output chunk
+    arriving for at most ``max_stall_s`` seconds; the hang is detected at the stall's
+    start + ``max_stall_s``."""
+
+    max_stall_s: float = Field(5.0, gt=0)
+
+
 class CheckLimits(Protocol):
     """The configuration blocks a check may read (attributes of the run's configuration)."""
 
@@ -84,3 +101,5 @@ class CheckLimits(Protocol):
     recovery: RecoveryConfig
     fail_fast: FailFastConfig
     integrity: IntegrityConfig
+    liveness: LivenessConfig
+    hang: HangConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.checks import fail_fast, fault, integrity, recovery, slo, steady_state
+from harness.checks import fail_fast, fault, hang, integrity, liveness, recovery, slo, steady_state
 from harness.checks.base import Check, RecordedRun
 
 __all__ = ["CheckFamily", "CHECKS", "register_check", "unregister_check"]
@@ -36,6 +36,8 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("integrity", integrity.check, integrity.section),
     CheckFamily("recovery", recovery.check, recovery.section),
     CheckFamily("fail_fast", fail_fast.check, fail_fast.section),
+    CheckFamily("liveness", liveness.check, liveness.section),
+    CheckFamily("hang", hang.check, hang.section),
     CheckFamily("steady_state", steady_state.check),
 )}
 

@@ -2,7 +2,7 @@
 
 This module only composes the blocks each layer owns — ``stack``
 (:mod:`harness.stack.config`), ``load`` (:mod:`harness.load.config`), the check limits
-``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``
+``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``/``liveness``/``hang``
 (:mod:`harness.checks.config`) — plus ``phases`` (the runner orders time) and the rules
 that span blocks. Every unknown or mistyped field is an
 :class:`~harness.errors.ExperimentError` naming the file and the field path.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.checks.config import DegradationConfig, FailFastConfig, IntegrityConfig, RecoveryConfig, SloConfig
+from harness.checks.config import (DegradationConfig, FailFastConfig, HangConfig, IntegrityConfig, LivenessConfig,
+                                   RecoveryConfig, SloConfig)
 from harness.errors import ExperimentError, first_error
 from harness.load.config import LoadConfig
 from harness.stack.config import StackConfig
@@ -49,6 +50,8 @@ class SpecchaosConfig(BaseModel):
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     fail_fast: FailFastConfig = Field(default_factory=FailFastConfig)
     integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)
+    liveness: LivenessConfig = Field(default_factory=LivenessConfig)
+    hang: HangConfig = Field(default_factory=HangConfig)
 
     @model_validator(mode="after")
     def _integrity_needs_reference(self) -> "SpecchaosConfig":
