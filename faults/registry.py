@@ -11,11 +11,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from faults.base import Fault
+from faults.process_freeze import ProcessFreeze
 from faults.process_kill import ProcessKill
 from harness.errors import ExperimentError, first_error
 
 REGISTRY: dict[str, type[Fault]] = {
     ProcessKill.kind: ProcessKill,
+    ProcessFreeze.kind: ProcessFreeze,
 }
 
 

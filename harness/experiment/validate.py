@@ -21,10 +21,11 @@ import yaml
 from chaoslib.configuration import load_configuration
 from chaoslib.exceptions import ChaosException
 from chaoslib.experiment import ensure_experiment_is_valid
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from faults.base import Fault
 from faults.registry import by_activity, fault_class, make_fault
-from harness.errors import ExperimentError
+from harness.errors import ExperimentError, first_error
 from harness.experiment.config import SpecchaosConfig, parse_config
 from harness.stack.preflight import check_stack
 
@@ -34,6 +35,26 @@ CONTROL_MODULE = "harness.experiment.control"
 ACTIONS_MODULE = "harness.experiment.actions"
 #: The generic fault action (an alias of the typed ones, which the registry names).
 GENERIC_FAULT_ACTION = "inject_fault"
+
+
+class FaultTiming(BaseModel):
+    """The arguments every fault action takes besides its family's (see
+    :func:`harness.experiment.actions.run_fault`): ``duration_s`` (seconds the fault stays
+    active, ≥ 0) and ``evidence_timeout_s`` (seconds to wait for evidence, > 0, or None
+    for ``phases.fault_timeout_s``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    duration_s: float = Field(0.0, ge=0)
+    evidence_timeout_s: float | None = Field(None, gt=0)
+
+
+def _check_timing(args: dict[str, Any], at: str) -> None:
+    try:
+        FaultTiming.model_validate(args)
+    except ValidationError as exc:
+        loc, msg, _ = first_error(exc)
+        raise ExperimentError(msg, where=f"{at}.{loc}") from None
 
 
 @dataclass
@@ -103,8 +124,9 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
     ``inject_fault(kind, arguments)``.
 
     Raises:
-        ExperimentError: unknown family, or an invalid or unknown argument, located as
-            ``<where>: <location>.provider.arguments[.arguments].<field>``.
+        ExperimentError: unknown family, or an invalid or unknown argument (a family's, or
+            the common ``duration_s``/``evidence_timeout_s`` of :class:`FaultTiming`),
+            located as ``<where>: <location>.provider.arguments[.arguments].<field>``.
     """
     for loc, act in _activities(doc):
         prov = (act or {}).get("provider") or {} if isinstance(act, dict) else {}
@@ -112,6 +134,8 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
             continue
         func, args = prov.get("func"), prov.get("arguments") or {}
         at = f"{where}: {loc}.provider.arguments" if where else f"{loc}.provider.arguments"
+        if func == GENERIC_FAULT_ACTION or by_activity(str(func)) is not None:
+            _check_timing(args, at)
         if func == GENERIC_FAULT_ACTION:
             if "kind" not in args:
                 raise ExperimentError("inject_fault needs a 'kind'", where=at)
