@@ -191,7 +191,7 @@ def hang_checks(summary: dict[str, Any]) -> list[CheckResult]:
                   f"ended by {s['longest_stall_ended_by']}")
         return [CheckResult("hang.longest_stall_s", "hang", True, longest or 0.0, limit, detail)]
     after = s["detected_after_fault_s"]
-    when = f"{s['detected_at']:.3f}" + ("" if after is None else f" ({after:.3g} s after the fault)")
+    when = f"{s['detected_at']:.3f}" + ("" if after is None else f" (fault {after:+.3f} s)")
     detail = (f"hang detected at {when}: {s['in_flight_at_detection']} request(s) in flight, no output token "
               f"since {s['stall_start']:.3f}; longest stall {longest:.3g} s (> {limit:g} s) from "
               f"{s['longest_stall_start']:.3f}, ended by {s['longest_stall_ended_by']}; "

@@ -129,7 +129,7 @@ def liveness_checks(lie: dict[str, Any]) -> list[CheckResult]:
                             f"({lie['health_samples_judged']} samples while requests were in flight)")]
     ok = lie_s <= limit
     after = lie["start_after_fault_s"]
-    since = f"{lie['start']:.3f}" + ("" if after is None else f" ({after:.3g} s after the fault)")
+    since = f"{lie['start']:.3f}" + ("" if after is None else f" (fault {after:+.3f} s)")
     detail = (f"/health of {lie['server']} answered 200 for {lie_s:.3g} s ({'≤' if ok else '>'} {limit:g} s) "
               f"while requests were in flight and no output chunk arrived: from {since} to its 200 at "
               f"{lie['last_200_at']:.3f} ({lie['samples_200']} samples of 200, {lie['in_flight']} request(s) "
