@@ -25,7 +25,7 @@ class CheckResult:
         name: dotted name, e.g. ``"slo.baseline.ttft_p95_s"``, ``"integrity.mismatched"``,
             ``"recovery.time_to_healthy_s"``.
         category: ``"slo"``, ``"degradation"``, ``"integrity"``, ``"recovery"``,
-            ``"fail_fast"``, ``"coverage"`` or ``"fault"``.
+            ``"fail_fast"``, ``"liveness"``, ``"hang"``, ``"coverage"``, ``"steady_state"`` or ``"fault"``.
         passed: the verdict. A check with nothing to judge (e.g. no requests in a phase)
             fails; it never passes vacuously.
         observed: the measured value (seconds for ``*_s`` names), or None if unmeasurable.
