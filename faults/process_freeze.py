@@ -49,7 +49,6 @@ Example (the typed Chaos Toolkit action generated for this family)::
 from __future__ import annotations
 
 import logging
-import re
 import signal as signal_mod
 import threading
 import time
@@ -63,6 +62,7 @@ from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.process_kill import cmdline_of, same_process, send_signal_exact
 from harness.clock import now
 from harness.errors import FaultError
+from harness.metrics.prometheus import sample_total
 from harness.stack.base import Server
 
 log = logging.getLogger(__name__)
@@ -112,14 +112,6 @@ class ProcessFreezeParams(FaultParams):
         return v
 
 
-def metric_total(text: str, name: str) -> float | None:
-    """Sum of every sample of metric ``name`` (all label sets) in Prometheus text ``text``;
-    None when the metric is absent."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)")
-    values = [float(m.group(1)) for line in text.splitlines() if (m := pattern.match(line))]
-    return sum(values) if values else None
-
-
 def read_metrics(base_url: str, timeout_s: float = _METRICS_TIMEOUT_S) -> dict[str, float | None] | None:
     """``{TOKENS_METRIC: float|None, RUNNING_METRIC: float|None}`` from ``base_url``'s
     ``/metrics`` (a loopback URL of the stack), or None when it did not answer 200
@@ -131,7 +123,7 @@ def read_metrics(base_url: str, timeout_s: float = _METRICS_TIMEOUT_S) -> dict[s
         return None
     if r.status_code != 200:
         return None
-    return {TOKENS_METRIC: metric_total(r.text, TOKENS_METRIC), RUNNING_METRIC: metric_total(r.text, RUNNING_METRIC)}
+    return {TOKENS_METRIC: sample_total(r.text, TOKENS_METRIC), RUNNING_METRIC: sample_total(r.text, RUNNING_METRIC)}
 
 
 def process_state(pid: int, create_time: float, cmdline: list[str] | None = None) -> str | None:

@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from faults.ledger import Ledger
-from faults.process_freeze import ProcessFreeze, ProcessFreezeParams, metric_total, process_state
+from faults.process_freeze import ProcessFreeze, ProcessFreezeParams, process_state
 from faults.process_kill import same_process
 from harness.errors import FaultError
 from harness.stack.config import RestartPolicy
@@ -206,15 +206,6 @@ def test_bad_parameters_name_the_field(args, field):
     with pytest.raises(ValidationError) as ei:
         ProcessFreezeParams(**args)
     assert ei.value.errors()[0]["loc"] == (field,)
-
-
-def test_metric_total_sums_every_label_set():
-    text = ('# TYPE vllm:generation_tokens_total counter\n'
-            'vllm:generation_tokens_total{engine="0",model_name="t"} 12.0\n'
-            'vllm:generation_tokens_total{engine="1",model_name="t"} 3.0\n'
-            'vllm:generation_tokens_created{engine="0"} 1.7e9\n')
-    assert metric_total(text, "vllm:generation_tokens_total") == 15.0
-    assert metric_total(text, "vllm:num_requests_running") is None
 
 
 # ------------------------------------------------------------------ SIGKILL of the harness, then cleanup
