@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -91,6 +91,10 @@ class Fault(ABC):
     kind: ClassVar[str]
     activity: ClassVar[str]
     Params: ClassVar[type[FaultParams]]
+    #: What time to recover is measured from: ``"cleared"`` (default: the damage lasts
+    #: while the fault is active, e.g. a freeze or a toxic) or ``"injected"`` (the damage is
+    #: done when it acts, e.g. a killed process; its "clear" only waits for the restart).
+    recovery_from: ClassVar[Literal["injected", "cleared"]] = "cleared"
 
     def __init__(self, params: FaultParams):
         self.params = params

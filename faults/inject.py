@@ -31,7 +31,7 @@ from harness.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-_RESERVED = frozenset({"t", "source", "event", "fault_id", "kind", "target"})
+_RESERVED = frozenset({"t", "source", "event", "fault_id", "kind", "target", "recovery_from"})
 
 
 @dataclass
@@ -145,7 +145,8 @@ class FaultInjector:
             entry = ledger.injected(fault_id, facts)
             handle.facts, handle.injected_at = facts, entry["t"]
             extra = {k: v for k, v in facts.items() if k not in _RESERVED}
-            tl.emit("fault", "fault_injected", t=entry["t"], fault_id=fault_id, kind=kind, target=target, **extra)
+            tl.emit("fault", "fault_injected", t=entry["t"], fault_id=fault_id, kind=kind, target=target,
+                    recovery_from=fault.recovery_from, **extra)
             return handle
 
     def prepare(self, faults: list[Fault]) -> None:

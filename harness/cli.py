@@ -162,7 +162,7 @@ def faults() -> None:
         action = FAULT_ACTIONS[cls.activity]
         args = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
                          for p in inspect.signature(action).parameters.values())
-        doc = (inspect.getdoc(cls) or "").splitlines()[0]
+        doc = (inspect.cleandoc(cls.__dict__.get("__doc__") or "") or "(no description)").splitlines()[0]
         table.add_row(kind, cls.activity, args, doc)
     out.print(table)
     roles = Table(title="process roles of a vLLM server (argument role)", title_justify="left")

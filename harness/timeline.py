@@ -26,7 +26,7 @@ from typing import Any
 
 from harness.clock import now
 
-__all__ = ["Timeline", "read_timeline", "fault_summary", "server_events", "count_restarts"]
+__all__ = ["Timeline", "read_timeline", "fault_summary", "recovery_reference", "server_events", "count_restarts"]
 
 
 class Timeline:
@@ -85,8 +85,10 @@ _SERVER_EVENTS = ("server_started", "server_ready", "server_exited", "server_res
 
 def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per ``fault_injected`` event, in time order: ``{"fault_id", "kind",
-    "target", "injected_at", "cleared_at", "acted", "evidence"}``. ``acted`` comes from the
-    last ``fault_evidence`` event of that fault (False when there is none)."""
+    "target", "injected_at", "cleared_at", "acted", "evidence", "recovery_from"}``. ``acted``
+    comes from the last ``fault_evidence`` event of that fault (False when there is none);
+    ``recovery_from`` (``"injected"`` or ``"cleared"``) from the injection event (a timeline
+    without it: ``"injected"``)."""
     faults: list[dict[str, Any]] = []
     by_id: dict[Any, dict[str, Any]] = {}
     for e in sorted(events, key=lambda e: e["t"]):
@@ -95,7 +97,8 @@ def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ev, fid = e.get("event"), e.get("fault_id")
         if ev == "fault_injected":
             entry = {"fault_id": fid, "kind": e.get("kind"), "target": e.get("target"),
-                     "injected_at": e["t"], "cleared_at": None, "acted": False, "evidence": None}
+                     "injected_at": e["t"], "cleared_at": None, "acted": False, "evidence": None,
+                     "recovery_from": e.get("recovery_from") or "injected"}
             faults.append(entry)
             by_id[fid] = entry
         elif ev == "fault_evidence" and fid in by_id:
@@ -104,6 +107,17 @@ def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif ev == "fault_cleared" and fid in by_id and by_id[fid]["cleared_at"] is None:
             by_id[fid]["cleared_at"] = e["t"]
     return faults
+
+
+def recovery_reference(fault: dict[str, Any]) -> float:
+    """The instant (epoch s) a fault's recovery is measured from, as DESIGN defines time to
+    recover: the fault's clear (a freeze resumed, a toxic removed), or for a fault whose
+    damage is done when it acts (``recovery_from == "injected"``: a process killed) its
+    injection. A fault that should count from its clear but was never cleared counts
+    from its injection."""
+    if fault.get("recovery_from") == "cleared" and fault.get("cleared_at") is not None:
+        return float(fault["cleared_at"])
+    return float(fault["injected_at"])
 
 
 def server_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

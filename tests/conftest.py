@@ -17,9 +17,11 @@ from harness.stack.models import build_models
 from harness.stack.ports import free_ports
 from harness.stack.vllm import vllm_distribution
 from harness.timeline import Timeline
+from tests import procs
 from tests.fakes import FakeProcess, FakeServer
 
 ROOT = Path(__file__).resolve().parents[1]
+assert procs.TAG   # tags this session's child processes before any starts (see tests/procs.py)
 
 
 @pytest.fixture

@@ -3,20 +3,36 @@ wait for a run to reach a point."""
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from pathlib import Path
 
 import psutil
 
 MARKERS = ("VLLM::", "vllm.entrypoints", "locust", "fake_vllm.py")
 
+#: Every process this test session starts inherits this variable (set in tests/conftest.py
+#: before anything starts), so a leak check sees this session's processes — orphans
+#: included — and not those of another run sharing the machine.
+TAG_VAR = "SPECCHAOS_TEST_SESSION"
+TAG = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
+
+
+def _ours(p: psutil.Process) -> bool:
+    try:
+        return p.environ().get(TAG_VAR) == TAG
+    except psutil.Error:
+        return False
+
 
 def sut_pids() -> set[int]:
-    """Pids of every vLLM server/engine/worker and locust process on the machine."""
+    """Pids of every vLLM server/engine/worker, fake vLLM and locust process that this test
+    session started (tagged through the environment, see :data:`TAG`)."""
     pids = set()
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if any(m in cmd for m in MARKERS) and "pytest" not in cmd:
+        if any(m in cmd for m in MARKERS) and "pytest" not in cmd and _ours(p):
             pids.add(p.info["pid"])
     return pids
 

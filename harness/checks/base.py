@@ -13,6 +13,7 @@ from typing import Any, Callable, Union
 
 from harness.checks.config import CheckLimits
 from harness.load.records import RequestRecord
+from harness.timeline import recovery_reference
 
 Number = Union[int, float]
 
@@ -80,6 +81,13 @@ class RecordedRun:
     def fault_time(self) -> float | None:
         """Epoch seconds of the first fault's injection (None when no fault was injected)."""
         return self.faults[0]["injected_at"] if self.faults else None
+
+    @property
+    def recovery_time(self) -> float | None:
+        """Epoch seconds time to recover is measured from: the first fault's clear, or its
+        injection for a fault whose damage is done when it acts
+        (:func:`harness.timeline.recovery_reference`); None without a fault."""
+        return recovery_reference(self.faults[0]) if self.faults else None
 
 
 #: The one signature of a check.

@@ -95,6 +95,13 @@ def check(run: RecordedRun) -> list[CheckResult]:
 
 
 def section(run: RecordedRun) -> dict:
-    """``report.json``'s ``fail_fast``: requests in flight at the fault and the limit (s)."""
+    """``report.json``'s ``fail_fast``: ``in_flight`` (requests in flight at the fault),
+    ``worst_error_latency_s`` (measured: the slowest of them to end in error, seconds after
+    the fault; None if none did) and ``max_error_latency_s`` (the configured limit)."""
     n = 0 if run.fault_time is None else len(in_flight(run.records, run.fault_time))
-    return {"in_flight": n, "max_error_latency_s": run.limits.fail_fast.max_error_latency_s}
+    worst = None
+    if run.fault_time is not None:
+        worst = next((c.observed for c in fail_fast_checks(run.records, run.fault_time, run.limits.fail_fast)
+                      if c.name == "fail_fast.error_latency_s"), None)
+    return {"in_flight": n, "worst_error_latency_s": worst,
+            "max_error_latency_s": run.limits.fail_fast.max_error_latency_s}

@@ -1,7 +1,8 @@
 """Time to recover after a fault, from recorded data.
 
-Three criteria, each measured in seconds from ``fault_time`` (the fault's injection, or
-a process death), each ``None`` if never reached:
+Three criteria, each measured in seconds from ``fault_time`` — the fault's clear, or its
+injection for a fault whose damage is done when it acts, such as a process kill
+(:attr:`harness.checks.base.RecordedRun.recovery_time`) — each ``None`` if never reached:
 
 * **time_to_healthy_s** — the server's ``/health`` answers 200 again: the first ``health``
   sample with status 200 after the server was seen down (a non-200 or unanswered health
@@ -172,7 +173,7 @@ def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig) -> list[
 
 def _times(run: RecordedRun) -> dict[str, float | None]:
     if "recovery.times" not in run.memo:
-        t = run.fault_time
+        t = run.recovery_time
         run.memo["recovery.times"] = (
             {k: None for k in _CRITERIA} if t is None
             else recovery_times(run.records, run.events, t, run.phases.get("baseline") or {}, run.limits.recovery))
@@ -187,5 +188,6 @@ def check(run: RecordedRun) -> list[CheckResult]:
 
 def section(run: RecordedRun) -> dict[str, Any]:
     """``report.json``'s ``recovery``: the three times (seconds or None) and
-    ``measured_from`` (epoch s of the fault, None without one)."""
-    return {**_times(run), "measured_from": run.fault_time}
+    ``measured_from`` (epoch s: the fault's clear, or its injection for a kill; None
+    without a fault)."""
+    return {**_times(run), "measured_from": run.recovery_time}

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from harness.checks import fail_fast, fault, hang, integrity, liveness, recovery, slo, steady_state
 from harness.checks.base import Check, RecordedRun
 
-__all__ = ["CheckFamily", "CHECKS", "register_check", "unregister_check"]
+__all__ = ["CheckFamily", "CHECKS", "RESERVED_NAMES", "register_check", "unregister_check"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,22 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
 )}
 
 
+#: ``report.json`` keys the judge itself writes: no check family may be named like one
+#: (its section would collide with them).
+RESERVED_NAMES = frozenset({
+    "schema_version", "experiment", "verdict", "stack", "faults", "phases", "checks", "requests", "restarts",
+    "errors", "interrupted", "fault_time", "fault_evidence", "server_events", "journal_status", "steady_state",
+    "generated_at", "method_skipped", "source"})
+
+
 def register_check(family: CheckFamily) -> None:
-    """Add (or replace) a check family; it runs after those already listed."""
+    """Add (or replace) a check family; it runs after those already listed.
+
+    Raises:
+        ValueError: the name is one of :data:`RESERVED_NAMES`.
+    """
+    if family.name in RESERVED_NAMES:
+        raise ValueError(f"a check family may not be called {family.name!r}: report.json uses that key")
     CHECKS.pop(family.name, None)
     CHECKS[family.name] = family
 

@@ -29,7 +29,7 @@ from harness.errors import FaultError
 from harness.experiment import session as sess
 from harness.load.records import read_records
 from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
-from harness.timeline import fault_summary
+from harness.timeline import fault_summary, recovery_reference
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     faults = fault_summary(events)
     since = windows["recovery"][0] if "recovery" in windows else time.time()
     # Measured from the fault, exactly as the judge measures time_to_slo_s.
-    fault_t = faults[0]["injected_at"] if faults else windows["fault"][0] if "fault" in windows else since
+    fault_t = recovery_reference(faults[0]) if faults else windows["fault"][0] if "fault" in windows else since
 
     def load_records() -> list:
         return [r for r in read_records(s.records_path) if r.source == "load"]

@@ -11,17 +11,23 @@ __all__ = ["journal_errors", "steady_state_summary"]
 
 
 def journal_errors(journal: dict | None) -> list[str]:
-    """Activities that failed (raised) in a Chaos Toolkit journal, as one line each."""
+    """Activities that failed (raised) in a Chaos Toolkit journal, as one line each: the
+    method's and rollbacks' actions, and steady-state probes that raised (a probe that
+    raised did not measure the system under test, so it is a run error, not a failed
+    hypothesis)."""
     if not journal:
         return []
     out = []
-    runs = list(journal.get("run") or []) + list(journal.get("rollbacks") or [])
-    for r in runs:
+    runs = [("activity", r) for r in list(journal.get("run") or []) + list(journal.get("rollbacks") or [])]
+    ss = journal.get("steady_states") or {}
+    for when in ("before", "after"):
+        runs += [(f"steady-state probe ({when} the method)", p) for p in ((ss.get(when) or {}).get("probes") or [])]
+    for what, r in runs:
         if r.get("status") == "failed":
             name = (r.get("activity") or {}).get("name", "?")
             exc = r.get("exception") or []
             last = exc[-1].strip() if exc else "failed"
-            out.append(f"activity '{name}': {last}")
+            out.append(f"{what} '{name}': {last}")
     return out
 
 

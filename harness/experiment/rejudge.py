@@ -38,7 +38,8 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
     if not (d / "config.json").is_file() or not (d / "timeline.jsonl").is_file():
         raise SpecchaosError("not a specchaos run directory (config.json or timeline.jsonl missing)", where=str(d))
     try:
-        cfg = SpecchaosConfig.model_validate(_read_json(d / "config.json", "run configuration"))
+        cfg = SpecchaosConfig.model_validate(_read_json(d / "config.json", "run configuration"),
+                                             context={"recorded": True})
     except ValidationError as exc:
         field_path, msg, _ = first_error(exc)
         raise SpecchaosError(msg, where=f"{d / 'config.json'}: {field_path}") from None

@@ -33,7 +33,7 @@ from harness.errors import LoadError, SpecchaosError
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.load.client import fetch_reference
-from harness.load.locust_process import LocustProcess
+from harness.load.locust_process import LocustProcess, exit_reason
 from harness.load.prompts import build_prompt_set, save_prompt_set
 from harness.load.records import write_records
 from harness.metrics.health import HealthSampler
@@ -180,9 +180,10 @@ class Session:
                 return
             time.sleep(min(0.5, left))
             if self.load is not None and not self.load.is_running():
-                raise LoadError("the locust load process exited early",
-                                where=str(self.out_dir / "logs" / "locust.log"),
-                                hint="read the log; the run is judged on what was recorded")
+                log_path = self.out_dir / "logs" / "locust.log"
+                raise LoadError(f"the locust load process exited early (code {self.load.returncode}): "
+                                f"{exit_reason(log_path)}", where=str(log_path),
+                                hint="the run is judged on what was recorded")
 
     def stop_load(self) -> None:
         """Stop locust (in-flight requests are written) and mark the end of the load."""

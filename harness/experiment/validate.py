@@ -26,13 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from faults.base import Fault
 from faults.registry import by_activity, fault_class, make_fault
 from harness.errors import ExperimentError, first_error
+from harness.experiment import actions
 from harness.experiment.config import SpecchaosConfig, parse_config
+from harness.metrics.phases import PHASES
 from harness.stack.preflight import check_stack
 
 __all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment"]
 
 CONTROL_MODULE = "harness.experiment.control"
 ACTIONS_MODULE = "harness.experiment.actions"
+PROBES_MODULE = "harness.experiment.probes"
 #: The generic fault action (an alias of the typed ones, which the registry names).
 GENERIC_FAULT_ACTION = "inject_fault"
 
@@ -145,6 +148,11 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
         else:
             cls = by_activity(str(func))
             if cls is None:
+                if func not in actions.__all__:
+                    raise ExperimentError(f"{ACTIONS_MODULE} has no action {func!r}",
+                                          where=f"{where}: {loc}.provider.func" if where else f"{loc}.provider.func",
+                                          hint=f"actions: {', '.join(actions.__all__)} (specchaos faults lists the "
+                                               f"fault actions)")
                 continue
             kind = cls.kind
             params = {k: v for k, v in args.items() if k not in ("duration_s", "evidence_timeout_s")}
@@ -186,6 +194,17 @@ def load_experiment(path: str | Path) -> Experiment:
         if server is not None and server not in servers:
             raise ExperimentError(f"unknown server '{server}'", where=f"{path}: {loc}.provider.arguments.server",
                                   hint=f"known: {', '.join(sorted(servers))}")
+    for loc, act in _activities(doc):   # the harness's probes and actions that name a server
+        prov = (act.get("provider") or {}) if isinstance(act, dict) else {}
+        args = prov.get("arguments") or {}
+        if prov.get("module") in (ACTIONS_MODULE, PROBES_MODULE) and isinstance(args, dict) and "server" in args \
+                and args["server"] not in servers:
+            raise ExperimentError(f"unknown server {args['server']!r}", where=f"{path}: {loc}.provider.arguments.server",
+                                  hint=f"known: {', '.join(sorted(servers))}")
+        if prov.get("module") == ACTIONS_MODULE and prov.get("func") == "hold_phase" and isinstance(args, dict) \
+                and args.get("phase") is not None and args["phase"] not in PHASES:
+            raise ExperimentError(f"unknown phase {args['phase']!r}", where=f"{path}: {loc}.provider.arguments.phase",
+                                  hint=f"known: {', '.join(PHASES)}")
     if not any(loc.startswith("method[") for loc, _, _ in faults):
         raise ExperimentError("the method injects no fault, so the run would test nothing",
                               where=f"{path}: method",

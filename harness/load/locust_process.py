@@ -44,6 +44,15 @@ def _tail(path: Path, chars: int = 2000) -> str:
         return "(no log)"
 
 
+def exit_reason(path: Path) -> str:
+    """Why locust ended, from its log: the request bound, or its last meaningful line."""
+    tail = _tail(path)
+    if "SPECCHAOS_MAX_REQUESTS" in tail and "reached" in tail:
+        return "load.max_requests was reached (raise it, or shorten the phases)"
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no log"
+
+
 class LocustProcess:
     """One headless locust run (see module doc).
 

@@ -72,11 +72,16 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
     skipped = method_skipped(run)
     checks: list[CheckResult] = []
     sections: dict[str, Any] = {}
+    broken: list[str] = []
     for family in CHECKS.values():
-        checks += family.check(run)
-        if family.section is not None:
-            sections[family.name] = family.section(run)
-    errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])], interrupted, skipped)
+        try:   # a check that raises is a bug in the check: a run error, and the others still judge
+            checks += family.check(run)
+            if family.section is not None:
+                sections[family.name] = family.section(run)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("check family %s raised", family.name)
+            broken.append(f"check family '{family.name}' raised {type(exc).__name__}: {exc}")
+    errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken, interrupted, skipped)
     fault_acted = (bool(run.faults) or skipped) and all(f["acted"] for f in run.faults)
     v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted)
     records = run.records

@@ -64,7 +64,7 @@ def _verdict_line(report: dict[str, Any]) -> Text:
 
 def _phase_table(report: dict[str, Any]) -> Table:
     tab = Table(title="phases (latencies in ms, p50/p95)", title_justify="left")
-    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL", "E2E", "tokens/s", "tok/chunk"):
+    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/chunk", "E2E", "tokens/s", "tok/chunk"):
         tab.add_column(col, justify="left" if col == "phase" else "right")
     phases = report.get("phases") or {}
     for ph in _PHASES:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from harness.errors import SpecchaosError
 from harness.net import LOOPBACK_HINT, is_loopback_host
-from harness.stack.launchers import launcher_names
+from harness.stack.launchers import launcher_class, launcher_names
+from harness.stack.vllm import HARNESS_FLAGS
 
 __all__ = ["METHODS", "DRAFTLESS_METHODS", "needs_draft", "RestartPolicy", "StackConfig"]
 
@@ -69,7 +71,7 @@ class StackConfig(_Strict):
     #: from plain decoding, so greedy outputs can really diverge (measured here: 1 of 24
     #: prompts, token 14, deterministically); float32 gave 0 of 24. Set ``bfloat16`` (or
     #: ``auto``) for real models on GPU hosts.
-    dtype: str = "float32"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "float32"
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout_s: float = Field(300.0, gt=0)
@@ -84,10 +86,26 @@ class StackConfig(_Strict):
 
     @field_validator("launcher")
     @classmethod
-    def _known_launcher(cls, v: str) -> str:
+    def _known_launcher(cls, v: str, info: ValidationInfo) -> str:
+        if (info.context or {}).get("recorded"):   # re-judging saved data starts nothing
+            return v
         known = launcher_names()
         if v not in known:
             raise ValueError(f"unknown launcher {v!r}; known: {', '.join(known)}")
+        try:
+            launcher_class(v)   # load it now: a launcher that cannot be imported fails validation
+        except SpecchaosError as exc:
+            raise ValueError(exc.message) from None
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_harness_flags(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            flag = arg.split("=", 1)[0]
+            if flag in HARNESS_FLAGS:
+                raise ValueError(f"{flag} is set by the harness (from host, ports, target and the speculative "
+                                 f"settings) and may not be overridden in extra_args")
         return v
 
     @model_validator(mode="after")

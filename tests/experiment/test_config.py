@@ -34,11 +34,33 @@ def test_one_draft_rule(method, needs):
 def test_unknown_launcher_is_refused_and_a_registered_one_accepted():
     with pytest.raises(ValidationError, match="unknown launcher 'docker'"):
         StackConfig(launcher="docker")
-    register_launcher("docker-test", "nowhere:Nothing")
+    register_launcher("docker-test", "harness.stack.local:LocalStack")
+    register_launcher("ghost-test", "nowhere:Nothing")
     try:
         assert StackConfig(launcher="docker-test").launcher == "docker-test"
+        with pytest.raises(ValidationError, match="cannot be loaded from 'nowhere:Nothing'"):
+            StackConfig(launcher="ghost-test")   # validation loads it: run cannot fail later
+        # Re-judging saved data starts nothing, so a launcher unknown here is fine there.
+        assert StackConfig.model_validate({"launcher": "gone"}, context={"recorded": True}).launcher == "gone"
     finally:
         LAUNCHERS.pop("docker-test")
+        LAUNCHERS.pop("ghost-test")
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--port=9999"], ["--model", "/x"],
+                                  ["--speculative-config", "{}"], ["--served-model-name", "y"]])
+def test_extra_args_cannot_override_what_the_harness_sets(args):
+    with pytest.raises(ValidationError, match="set by the harness"):
+        StackConfig(extra_args=["--max-num-batched-tokens", "512", *args])
+
+
+def test_extra_args_that_the_harness_does_not_set_pass():
+    assert StackConfig(extra_args=["--max-num-batched-tokens", "512"]).extra_args[0] == "--max-num-batched-tokens"
+
+
+def test_dtype_is_one_of_vllms():
+    with pytest.raises(ValidationError):
+        StackConfig(dtype="float33")
 
 
 def test_non_loopback_host_is_refused():

@@ -232,3 +232,13 @@ def test_locust_dies_with_the_harness(server, run_dir):
                 p.kill()
         except psutil.Error:
             pass
+
+
+def test_exit_reason_names_the_request_bound(tmp_path):
+    from harness.load.locust_process import exit_reason
+
+    log = tmp_path / "locust.log"
+    log.write_text("[2026] INFO: starting\n[2026] INFO: SPECCHAOS_MAX_REQUESTS=20000 reached, quitting\n")
+    assert "load.max_requests was reached" in exit_reason(log)
+    log.write_text("boom: something else\n")
+    assert exit_reason(log) == "boom: something else"
