@@ -59,7 +59,7 @@ import psutil
 from pydantic import Field, ValidationInfo, field_validator
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_kill import cmdline_of, same_process, send_signal_exact
+from faults.process_kill import record_role, same_process, send_signal_exact, server_of, signal_recorded
 from harness.clock import now
 from harness.errors import FaultError
 from harness.metrics.prometheus import sample_total
@@ -182,10 +182,7 @@ class ProcessFreeze(Fault):
         return f"{self.params.server}/{self.params.role}"
 
     def _server(self, ctx: FaultContext) -> Server:
-        if self.params.server not in ctx.servers:
-            raise FaultError(f"no server {self.params.server!r} in the stack", where=self.describe_target(ctx),
-                             hint=f"set arguments.server to one of: {', '.join(ctx.servers) or '(none started)'}")
-        return ctx.servers[self.params.server]
+        return server_of(ctx, self.params.server, self.describe_target(ctx))
 
     def _signal_all(self, signum: int) -> int:
         """Send ``signum`` to every target still alive (pid-reuse safe); how many got it."""
@@ -212,35 +209,10 @@ class ProcessFreeze(Fault):
                 nothing is stopped); not permitted to signal.
         """
         p = self.params
-        srv = self._server(ctx)
         target = self.describe_target(ctx)
-        incarnation = int(getattr(srv, "incarnation", 0))
-        procs = list((srv.roles() or {}).get(p.role) or [])
-        if not procs:
-            raise FaultError(f"no {p.role} process found in server {p.server} (is it up?)", where=target,
-                             hint="start the stack and wait until it is ready before injecting")
-        recorded = []
-        for proc in procs:
-            try:
-                recorded.append((proc.pid, proc.create_time(), cmdline_of(proc)))
-            except psutil.Error as exc:
-                raise FaultError(f"{p.role} process {proc.pid} of server {p.server} vanished before it could be "
-                                 f"stopped", where=target, hint="the server may be restarting; inject once it is ready"
-                                 ) from exc
-        for pid, ct, cmd in recorded:  # refuse before acting at all if any pid changed hands
-            if not same_process(pid, ct, cmd):
-                raise FaultError(f"pid {pid} is no longer the {p.role} process that was found (gone, or its pid "
-                                 f"was reused); refusing to signal", where=target,
-                                 hint="the server may be restarting; inject once it is ready")
+        incarnation, recorded = record_role(self._server(ctx), p.server, p.role, target, verb="stopped")
         with self._lock:
-            for pid, ct, cmd in recorded:
-                try:
-                    ok = send_signal_exact(pid, ct, signal_mod.SIGSTOP, cmd)
-                except PermissionError as exc:
-                    raise FaultError(f"not permitted to signal pid {pid}", where=target,
-                                     hint="run the harness as the user that started the stack") from exc
-                if ok:
-                    self._targets.append((pid, ct, cmd))
+            signal_recorded(recorded, signal_mod.SIGSTOP, target, into=self._targets)
             if not self._targets:
                 raise FaultError(f"every {p.role} process of server {p.server} went away before the signal",
                                  where=target, hint="the server may be restarting; inject once it is ready")
