@@ -90,5 +90,11 @@ class RecordedRun:
         return recovery_reference(self.faults[0]) if self.faults else None
 
 
+def instant(t: float, after_fault_s: float | None) -> str:
+    """An instant for a check's detail: epoch seconds, and its offset from the fault when
+    known, e.g. ``"1796015284.123 (fault +5.010 s)"``."""
+    return f"{t:.3f}" + ("" if after_fault_s is None else f" (fault {after_fault_s:+.3f} s)")
+
+
 #: The one signature of a check.
 Check = Callable[[RecordedRun], "list[CheckResult]"]

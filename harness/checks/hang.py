@@ -42,7 +42,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
-from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.base import CheckResult, RecordedRun, instant
 from harness.checks.config import HangConfig
 from harness.load.records import RequestRecord
 
@@ -190,8 +190,7 @@ def hang_checks(summary: dict[str, Any]) -> list[CheckResult]:
                   f"longest stall {longest:.3g} s (≤ {limit:g} s) from {s['longest_stall_start']:.3f}, "
                   f"ended by {s['longest_stall_ended_by']}")
         return [CheckResult("hang.longest_stall_s", "hang", True, longest or 0.0, limit, detail)]
-    after = s["detected_after_fault_s"]
-    when = f"{s['detected_at']:.3f}" + ("" if after is None else f" (fault {after:+.3f} s)")
+    when = instant(s["detected_at"], s["detected_after_fault_s"])
     detail = (f"hang detected at {when}: {s['in_flight_at_detection']} request(s) in flight, no output token "
               f"since {s['stall_start']:.3f}; longest stall {longest:.3g} s (> {limit:g} s) from "
               f"{s['longest_stall_start']:.3f}, ended by {s['longest_stall_ended_by']}; "

@@ -32,7 +32,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from typing import Any, Iterable
 
-from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.base import CheckResult, RecordedRun, instant
 from harness.checks.config import LivenessConfig
 from harness.checks.hang import busy_stretches, in_flight_at, in_flight_spans, observation_end, stalls
 from harness.load.records import RequestRecord
@@ -128,8 +128,7 @@ def liveness_checks(lie: dict[str, Any]) -> list[CheckResult]:
                             f"/health of {lie['server']} never answered 200 during a stall "
                             f"({lie['health_samples_judged']} samples while requests were in flight)")]
     ok = lie_s <= limit
-    after = lie["start_after_fault_s"]
-    since = f"{lie['start']:.3f}" + ("" if after is None else f" (fault {after:+.3f} s)")
+    since = instant(lie["start"], lie["start_after_fault_s"])
     detail = (f"/health of {lie['server']} answered 200 for {lie_s:.3g} s ({'≤' if ok else '>'} {limit:g} s) "
               f"while requests were in flight and no output chunk arrived: from {since} to its 200 at "
               f"{lie['last_200_at']:.3f} ({lie['samples_200']} samples of 200, {lie['in_flight']} request(s) "

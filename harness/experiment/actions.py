@@ -22,6 +22,8 @@ import logging
 import time
 from typing import Any, Callable
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from faults.base import Fault
 from faults.registry import REGISTRY
 from harness.checks.recovery import first_slo_window_end
@@ -33,12 +35,27 @@ from harness.timeline import fault_summary, recovery_reference
 
 log = logging.getLogger(__name__)
 
-#: Arguments every fault action takes besides its family's parameters.
-_COMMON = (
-    inspect.Parameter("duration_s", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0.0, annotation=float),
-    inspect.Parameter("evidence_timeout_s", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                      annotation=float | None),
-)
+class FaultTiming(BaseModel):
+    """The arguments every fault action takes besides its family's parameters:
+    ``duration_s`` (seconds the fault stays active, ≥ 0) and ``evidence_timeout_s``
+    (seconds to wait for evidence, > 0, or None for ``phases.fault_timeout_s``). The one
+    definition: the typed actions' signatures and ``specchaos validate`` both use it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    duration_s: float = Field(0.0, ge=0)
+    evidence_timeout_s: float | None = Field(None, gt=0)
+
+
+def _parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
+    """A pydantic model's fields as function parameters (names, annotations, defaults),
+    required ones first."""
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=(f.get_default(call_default_factory=True) if not f.is_required()
+                                         else inspect.Parameter.empty),
+                                annotation=f.annotation)
+              for name, f in model.model_fields.items()]
+    return sorted(params, key=lambda p: p.default is not inspect.Parameter.empty)
 
 
 def run_fault(kind: str, params: dict[str, Any], duration_s: float = 0.0,
@@ -86,13 +103,8 @@ def fault_action(cls: type[Fault]) -> Callable[..., dict[str, Any]]:
     ``duration_s`` and ``evidence_timeout_s``, calling :func:`run_fault`. Its signature
     is real (``inspect.signature``), so Chaos Toolkit's argument validation and
     ``chaos discover`` see it."""
-    fields = cls.Params.model_fields
-    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                default=(f.get_default(call_default_factory=True) if not f.is_required()
-                                         else inspect.Parameter.empty),
-                                annotation=f.annotation)
-              for name, f in fields.items()]
-    params.sort(key=lambda p: p.default is not inspect.Parameter.empty)   # required ones first
+    params = _parameters(cls.Params)
+    common = _parameters(FaultTiming)
     names = [p.name for p in params]
 
     def action(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -102,10 +114,9 @@ def fault_action(cls: type[Fault]) -> Callable[..., dict[str, Any]]:
         return run_fault(cls.kind, {n: values[n] for n in names}, duration_s=values["duration_s"],
                          evidence_timeout_s=values["evidence_timeout_s"])
 
-    action.__signature__ = inspect.Signature([*params, *_COMMON],   # type: ignore[attr-defined]
+    action.__signature__ = inspect.Signature([*params, *common],   # type: ignore[attr-defined]
                                              return_annotation=dict[str, Any])
-    action.__annotations__ = {**{p.name: p.annotation for p in params}, "duration_s": float,
-                              "evidence_timeout_s": float | None, "return": dict[str, Any]}
+    action.__annotations__ = {**{p.name: p.annotation for p in [*params, *common]}, "return": dict[str, Any]}
     action.__name__ = action.__qualname__ = cls.activity
     action.__module__ = __name__
     family_doc = inspect.getdoc(cls.Params) or ""

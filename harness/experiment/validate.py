@@ -21,12 +21,13 @@ import yaml
 from chaoslib.configuration import load_configuration
 from chaoslib.exceptions import ChaosException
 from chaoslib.experiment import ensure_experiment_is_valid
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from faults.base import Fault
 from faults.registry import by_activity, fault_class, make_fault
 from harness.errors import ExperimentError, first_error
 from harness.experiment import actions
+from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig, parse_config
 from harness.metrics.phases import PHASES
 from harness.stack.preflight import check_stack
@@ -38,18 +39,6 @@ ACTIONS_MODULE = "harness.experiment.actions"
 PROBES_MODULE = "harness.experiment.probes"
 #: The generic fault action (an alias of the typed ones, which the registry names).
 GENERIC_FAULT_ACTION = "inject_fault"
-
-
-class FaultTiming(BaseModel):
-    """The arguments every fault action takes besides its family's (see
-    :func:`harness.experiment.actions.run_fault`): ``duration_s`` (seconds the fault stays
-    active, ≥ 0) and ``evidence_timeout_s`` (seconds to wait for evidence, > 0, or None
-    for ``phases.fault_timeout_s``)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    duration_s: float = Field(0.0, ge=0)
-    evidence_timeout_s: float | None = Field(None, gt=0)
 
 
 def _check_timing(args: dict[str, Any], at: str) -> None:
@@ -128,7 +117,8 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
 
     Raises:
         ExperimentError: unknown family, or an invalid or unknown argument (a family's, or
-            the common ``duration_s``/``evidence_timeout_s`` of :class:`FaultTiming`),
+            the common ``duration_s``/``evidence_timeout_s`` of
+            :class:`harness.experiment.actions.FaultTiming`),
             located as ``<where>: <location>.provider.arguments[.arguments].<field>``.
     """
     for loc, act in _activities(doc):
@@ -155,7 +145,7 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
                                                f"fault actions)")
                 continue
             kind = cls.kind
-            params = {k: v for k, v in args.items() if k not in ("duration_s", "evidence_timeout_s")}
+            params = {k: v for k, v in args.items() if k not in FaultTiming.model_fields}
             fault = make_fault(kind, params, where=at.removesuffix(".arguments"))
         yield loc, kind, fault
 
