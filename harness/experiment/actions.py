@@ -27,11 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from faults.base import Fault
 from faults.registry import REGISTRY
 from harness.checks.recovery import first_slo_window_end
+from harness.checks.run import recorded_run
 from harness.errors import FaultError
 from harness.experiment import session as sess
 from harness.load.records import read_records
-from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
-from harness.timeline import fault_summary, recovery_reference
 
 log = logging.getLogger(__name__)
 
@@ -149,22 +148,18 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     """
     s = sess.current()
     timeout = timeout_s if timeout_s is not None else s.cfg.phases.recovery_timeout_s
-    events = s.timeline.select()
-    windows = phase_windows(events)
-    faults = fault_summary(events)
-    since = windows["recovery"][0] if "recovery" in windows else time.time()
+    # The recorded run so far, split into phases as the judge splits it. The baseline is
+    # closed (its requests ended before the fault; those in flight then belong to the
+    # fault phase), so its metrics are computed once.
+    run = recorded_run(read_records(s.records_path), [], s.timeline.select(), s.cfg)
+    since = run.windows["recovery"][0] if "recovery" in run.windows else time.time()
     # Measured from the fault, exactly as the judge measures time_to_slo_s.
-    fault_t = recovery_reference(faults[0]) if faults else windows["fault"][0] if "fault" in windows else since
+    fault_t = run.recovery_time if run.faults else run.windows["fault"][0] if "fault" in run.windows else since
+    baseline = run.phases.get("baseline") or {}
 
     def load_records() -> list:
         return [r for r in read_records(s.records_path) if r.source == "load"]
 
-    # The baseline is closed: its requests ended before the fault (the ones still in flight
-    # then belong to the fault phase), so its metrics are computed once.
-    b0, b1 = windows.get("baseline", (fault_t, fault_t))
-    records = load_records()
-    members = assign_phases(records, windows).get("baseline") if "baseline" in windows else None
-    baseline = phase_metrics(records, b0, b1, members=members)
     start = time.monotonic()
     end_t: float | None = None
     while time.monotonic() - start < timeout:
