@@ -28,7 +28,8 @@ test: setup-test models
 test-fast: setup-test models
 	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
-cleanup: setup
+cleanup:   # after a crash: no reinstall first when the venv exists
+	@[ -x $(VENV)/bin/specchaos ] || ci/bootstrap.sh
 	$(VENV)/bin/specchaos cleanup
 
 clean:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from harness.stack.base import Server
+from harness.stack.config import StackConfig
 from harness.timeline import Timeline
 
 
@@ -98,6 +99,10 @@ class Fault(ABC):
 
     def __init__(self, params: FaultParams):
         self.params = params
+        #: The ledger's id of the current injection (``"<kind>-<8 hex>"``), set by the
+        #: injector after the ``intended`` line and before :meth:`inject`; a fault may name
+        #: what it creates after it (e.g. a cgroup), so a crash can be reverted by that name.
+        self.fault_id: str | None = None
 
     @abstractmethod
     def describe_target(self, ctx: FaultContext) -> str:
@@ -118,6 +123,30 @@ class Fault(ABC):
     @abstractmethod
     def clear(self, ctx: FaultContext) -> None:
         """Revert the fault. Idempotent; must not raise on an already-cleared fault."""
+
+    def check_host(self) -> None:
+        """Validate-time check that this host can do what the parameters ask (e.g. a
+        writable cgroup, an NVIDIA GPU), called by ``specchaos validate`` and before a run
+        starts anything. Must not act. Default: nothing to check.
+
+        Raises:
+            SpecchaosError: one line saying what is missing; its ``where`` names the
+                argument concerned (e.g. ``"mechanism"``), which validation prefixes with
+                the activity's location.
+        """
+        return None
+
+    def check_stack(self, stack: StackConfig) -> None:
+        """Validate-time check of the parameters against the run's ``stack`` block (e.g. a
+        model the fault names exists under ``stack.models_dir``), called by ``specchaos
+        validate`` and before a run starts anything, right after :meth:`check_host`. Must
+        not act. Default: nothing to check.
+
+        Raises:
+            SpecchaosError: one line; its ``where`` names the argument concerned (e.g.
+                ``"draft"``), which validation prefixes with the activity's location.
+        """
+        return None
 
     def prepare(self, ctx: FaultContext) -> None:
         """Called once per fault the experiment declares, after the stack started and

@@ -79,6 +79,9 @@ class FaultHandle:
     cleared_at: float | None = None
     evidence: Evidence | None = None
     error: str | None = None
+    #: Held while the fault acts and while it is cleared, so a clear waits for an
+    #: injection in progress (re-entrant: a signal handler in the injecting thread).
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def active(self) -> bool:
@@ -127,8 +130,12 @@ class FaultInjector:
         with self._lock:
             target = fault.describe_target(self.ctx)
             fault_id = ledger.intend(kind, target, fault.params.model_dump(mode="json"))
+            fault.fault_id = fault_id
             handle = FaultHandle(fault_id, kind, target, fault)
             self.handles.append(handle)
+        # Only this fault waits while it acts (a hog may take a minute to fill memory);
+        # other faults inject and clear meanwhile.
+        with handle.lock:
             try:
                 facts = fault.inject(self.ctx) or {}
             except BaseException as exc:  # noqa: BLE001 - recorded, cleared, re-raised
@@ -215,7 +222,7 @@ class FaultInjector:
             Exception: whatever the family's ``clear`` raised; the ledger then records
                 ``failed`` and the fault stays open.
         """
-        with self._lock:
+        with handle.lock:
             if handle.cleared_at is not None:
                 return
             try:
@@ -237,14 +244,15 @@ class FaultInjector:
         """
         failures = []
         with self._lock:
-            for handle in reversed(list(self.handles)):
-                if not handle.active:
-                    continue
-                try:
-                    self.clear(handle)
-                except Exception as exc:  # noqa: BLE001 - one failure must not leave others active
-                    log.error("could not clear fault %s (%s): %s", handle.fault_id, handle.target, _describe(exc))
-                    failures.append({"fault_id": handle.fault_id, "error": _describe(exc)})
+            handles = list(self.handles)
+        for handle in reversed(handles):
+            if not handle.active:
+                continue
+            try:
+                self.clear(handle)
+            except Exception as exc:  # noqa: BLE001 - one failure must not leave others active
+                log.error("could not clear fault %s (%s): %s", handle.fault_id, handle.target, _describe(exc))
+                failures.append({"fault_id": handle.fault_id, "error": _describe(exc)})
         return failures
 
     def summary(self) -> list[dict[str, Any]]:

@@ -112,10 +112,12 @@ class ProcessFreezeParams(FaultParams):
         return v
 
 
-def read_metrics(base_url: str, timeout_s: float = _METRICS_TIMEOUT_S) -> dict[str, float | None] | None:
-    """``{TOKENS_METRIC: float|None, RUNNING_METRIC: float|None}`` from ``base_url``'s
+def read_metrics(base_url: str, timeout_s: float = _METRICS_TIMEOUT_S,
+                 names: tuple[str, ...] = (TOKENS_METRIC, RUNNING_METRIC)) -> dict[str, float | None] | None:
+    """``{name: float|None}`` for each of ``names`` (default :data:`TOKENS_METRIC` and
+    :data:`RUNNING_METRIC`; summed over labels, None where absent) from ``base_url``'s
     ``/metrics`` (a loopback URL of the stack), or None when it did not answer 200
-    within ``timeout_s`` seconds."""
+    within ``timeout_s`` seconds. Every fault that reads a server's counters uses it."""
     try:
         with httpx.Client(trust_env=False, verify=False, timeout=timeout_s) as client:   # loopback: no proxy, no TLS
             r = client.get(f"{base_url}/metrics")
@@ -123,7 +125,7 @@ def read_metrics(base_url: str, timeout_s: float = _METRICS_TIMEOUT_S) -> dict[s
         return None
     if r.status_code != 200:
         return None
-    return {TOKENS_METRIC: sample_total(r.text, TOKENS_METRIC), RUNNING_METRIC: sample_total(r.text, RUNNING_METRIC)}
+    return {name: sample_total(r.text, name) for name in names}
 
 
 def process_state(pid: int, create_time: float, cmdline: list[str] | None = None) -> str | None:

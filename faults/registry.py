@@ -11,6 +11,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from faults.base import Fault
+from faults.client_abort import ClientAbort
+from faults.cpu_throttle import CpuThrottle
+from faults.draft_swap import DraftSwap
+from faults.kv_pressure import KvPressure
+from faults.memory_hog import MemoryHog
+from faults.memory_limit import MemoryLimit
+from faults.network import Network
 from faults.process_freeze import ProcessFreeze
 from faults.process_kill import ProcessKill
 from harness.errors import ExperimentError, first_error
@@ -18,6 +25,13 @@ from harness.errors import ExperimentError, first_error
 REGISTRY: dict[str, type[Fault]] = {
     ProcessKill.kind: ProcessKill,
     ProcessFreeze.kind: ProcessFreeze,
+    MemoryHog.kind: MemoryHog,
+    KvPressure.kind: KvPressure,
+    CpuThrottle.kind: CpuThrottle,
+    MemoryLimit.kind: MemoryLimit,
+    Network.kind: Network,
+    ClientAbort.kind: ClientAbort,
+    DraftSwap.kind: DraftSwap,
 }
 
 
@@ -68,7 +82,8 @@ def make_fault(kind: str, params: dict[str, Any] | None, where: str = "") -> Fau
         if kind_of_error == "extra_forbidden":
             msg = f"unknown argument of {kind}"
         known = ", ".join(cls.Params.model_fields)
-        loc = f"{where}.arguments.{field}" if where else f"arguments.{field}"
+        at = f"{where}.arguments" if where else "arguments"
+        loc = f"{at}.{field}" if field else at   # a rule across fields has no one field
         raise ExperimentError(msg, where=loc, hint=f"{kind} takes: {known}") from None
     return cls(validated)
 

@@ -124,7 +124,7 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
 
 
 @models_app.command("build")
-def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where to build target, draft-exact, draft-noisy."),
+def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where to build the target and its drafts (exact, noisy, acc80/50/20, wrongvocab)."),
                  force: bool = typer.Option(False, "--force", help="Rebuild even if the models verify.")) -> None:
     """Build the tiny Llama target and its drafts, offline and deterministically (skips when built)."""
     try:

@@ -9,7 +9,14 @@ Sources and events (the contract every room writes to and the judge reads):
              ``server_ready`` (``server``, ``pid``, ``incarnation``),
              ``server_exited`` (``server``, ``pid``, ``returncode``, ``incarnation``, ``expected``),
              ``server_restarting`` (``server``, ``attempt``, ``backoff_s``),
-             ``server_gave_up`` (``server``, ``attempts``).
+             ``server_gave_up`` (``server``, ``attempts``),
+             ``server_orphans`` (``server``, ``pid``, ``incarnation``, ``expected``,
+             ``grace_s``, ``orphans``: [{pid, title, role, rss_bytes}]).
+             ``server_respeculating`` (``server``, ``incarnation``: the new one, ``old``,
+             ``new``: {method, draft, num_speculative_tokens}, ``reason``): a planned restart.
+``breaker``: ``breaker_tripped`` / ``breaker_reenabled`` (``server``, ``level``, ``breach_t``,
+             ``rejection_rate``, ``limit``, ``window_s``, ``draft_tokens``, ``old``, ``new``,
+             ``incarnation``), see :mod:`harness.stack.breaker`.
 ``fault``:   ``fault_injected`` (``fault_id``, ``kind``, ``target``, ...),
              ``fault_evidence`` (``fault_id``, ``acted``: bool, ``evidence``: dict),
              ``fault_cleared`` (``fault_id``).
@@ -80,7 +87,8 @@ def read_timeline(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 #: The stack's server lifecycle events.
-_SERVER_EVENTS = ("server_started", "server_ready", "server_exited", "server_restarting", "server_gave_up")
+_SERVER_EVENTS = ("server_started", "server_ready", "server_exited", "server_restarting", "server_gave_up",
+                  "server_orphans")
 
 
 def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -73,6 +73,16 @@ def fake_server(tmp_path):
         server.stop(5)
 
 
+@pytest.fixture
+def models(tmp_path):
+    """A models directory of stand-ins (``target``, ``draft-exact``, ``draft-acc20``, each a
+    directory with an empty ``config.json``): enough for the fake vLLM and the draft rules."""
+    for name in ("target", "draft-exact", "draft-acc20"):
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "config.json").write_text("{}")
+    return tmp_path / "models"
+
+
 @pytest.fixture(scope="session")
 def real_stack(tmp_path_factory):
     """``SimpleNamespace(stack, timeline, run_dir, startup_s)`` of a started LocalStack.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-MARKERS = ("VLLM::", "vllm.entrypoints", "locust", "fake_vllm.py")
+MARKERS = ("VLLM::", "vllm.entrypoints", "locust", "fake_vllm.py", "faults.proxy")
 
 #: Every process this test session starts inherits this variable (set in tests/conftest.py
 #: before anything starts), so a leak check sees this session's processes — orphans

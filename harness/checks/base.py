@@ -26,7 +26,8 @@ class CheckResult:
         name: dotted name, e.g. ``"slo.baseline.ttft_p95_s"``, ``"integrity.mismatched"``,
             ``"recovery.time_to_healthy_s"``.
         category: ``"slo"``, ``"degradation"``, ``"integrity"``, ``"recovery"``,
-            ``"fail_fast"``, ``"liveness"``, ``"hang"``, ``"coverage"``, ``"steady_state"`` or ``"fault"``.
+            ``"fail_fast"``, ``"liveness"``, ``"hang"``, ``"orphans"``, ``"coverage"``, ``"steady_state"``, ``"speculation"``, ``"memory"`` or
+            ``"fault"``.
         passed: the verdict. A check with nothing to judge (e.g. no requests in a phase)
             fails; it never passes vacuously.
         observed: the measured value (seconds for ``*_s`` names), or None if unmeasurable.
@@ -51,7 +52,9 @@ class RecordedRun:
     :func:`harness.checks.run.load_run` for how a run directory becomes one).
 
     Fields:
-        records: the load records (``source == "load"``), warm-up included.
+        records: the speculative server's load records (``source == "load"``,
+            ``server == "spec"``), warm-up included: what every check judges unless it
+            is mirror-aware.
         reference: the complete non-speculative reference record per ``prompt_id``.
         events: timeline events in time order (:mod:`harness.timeline`).
         limits: the run's configuration (:class:`~harness.checks.config.CheckLimits`).
@@ -63,6 +66,8 @@ class RecordedRun:
         run_dir: where the data was read from (None when built in memory).
         memo: scratch space for a check family to share one computation between its
             checks and its report section (keyed by family name).
+        ref_records: mirror mode's load records sent to the reference (plain) server
+            (``server == "ref"``); empty without mirror mode.
     """
 
     records: list[RequestRecord]
@@ -76,6 +81,7 @@ class RecordedRun:
     journal: dict[str, Any] | None = None
     run_dir: Path | None = None
     memo: dict[str, Any] = field(default_factory=dict)
+    ref_records: list[RequestRecord] = field(default_factory=list)
 
     @property
     def fault_time(self) -> float | None:
@@ -84,10 +90,11 @@ class RecordedRun:
 
     @property
     def recovery_time(self) -> float | None:
-        """Epoch seconds time to recover is measured from: the first fault's clear, or its
+        """Epoch seconds time to recover is measured from: the fault's clear, or its
         injection for a fault whose damage is done when it acts
-        (:func:`harness.timeline.recovery_reference`); None without a fault."""
-        return recovery_reference(self.faults[0]) if self.faults else None
+        (:func:`harness.timeline.recovery_reference`); with several faults, the latest of
+        those instants (recovery starts when the last damage ended); None without a fault."""
+        return max(recovery_reference(f) for f in self.faults) if self.faults else None
 
 
 def instant(t: float, after_fault_s: float | None) -> str:

@@ -1,5 +1,5 @@
 """The limits the checks judge against, owned by the checks layer: the ``slo``,
-``degradation``, ``recovery``, ``fail_fast``, ``integrity``, ``liveness`` and ``hang``
+``degradation``, ``recovery``, ``fail_fast``, ``integrity``, ``liveness``, ``hang`` and ``mirror``
 blocks of an experiment's configuration. Latency limits are seconds (p95 over a phase), rates fractions in [0, 1].
 
 :class:`CheckLimits` is what a check may read from the run's configuration; the
@@ -8,14 +8,15 @@ experiment configuration (:class:`harness.experiment.config.SpecchaosConfig`) sa
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Annotated, Literal, Protocol
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from harness.metrics.config import GoodputConfig
 
 __all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
-           "HangConfig", "CheckLimits"]
+           "HangConfig", "ClientAbortConfig", "MirrorConfig", "CheckLimits", "AcceptanceFloorConfig", "SpeculationConfig",
+           "ServerMemoryConfig", "FallbackConfig"]
 
 
 class _Strict(BaseModel):
@@ -46,6 +47,9 @@ class DegradationConfig(_Strict):
     #: killed server fails every request until it is back, so no limit fits every fault).
     fault_max_error_rate: float | None = Field(None, ge=0, le=1)
     after_vs_baseline_max_ratio: float = Field(2.0, gt=0)
+    #: Highest fault ÷ baseline p95 (TTFT, TPOT, E2E) while the fault acts; None (default) =
+    #: not judged (graceful degradation, e.g. under network jitter).
+    fault_vs_baseline_max_ratio: float | None = Field(None, gt=0)
     min_requests_per_phase: int = Field(3, ge=1)
 
 
@@ -93,6 +97,74 @@ class HangConfig(_Strict):
     max_stall_s: float = Field(5.0, gt=0)
 
 
+class ClientAbortConfig(_Strict):
+    """Client aborts (:mod:`harness.checks.client_abort`): after streams were closed by the
+    client side, the server's running requests (``vllm:num_requests_running``) may exceed
+    the streams still in flight for at most ``max_drain_s`` seconds at a stretch, and no
+    server may exit once aborts began."""
+
+    max_drain_s: float = Field(2.0, gt=0)
+
+
+class MirrorConfig(_Strict):
+    """Speculative vs plain (:mod:`harness.checks.mirror`, judged only in mirror mode,
+    ``load.mirror``): in each phase of ``phases``, per sampling class, the speculative
+    server's TPOT (``statistic``: the median or p95, seconds per output token) may be at
+    most ``max_tpot_ratio`` × the plain reference server's — verification must not cost
+    more than 20% over plain decoding by default. A group is judged when both servers
+    completed at least ``min_requests`` requests in it. ``min_speedup``, when set, is a
+    floor on the speedup (plain ÷ speculative median TPOT) of every prompt-length bucket
+    (default: reported, not judged)."""
+
+    max_tpot_ratio: float = Field(1.2, gt=0)
+    statistic: Literal["p50", "p95"] = "p50"
+    min_requests: int = Field(5, ge=1)
+    phases: list[Literal["baseline", "fault", "recovery", "after"]] = Field(
+        default_factory=lambda: ["baseline", "after"], min_length=1)
+    min_speedup: float | None = Field(None, gt=0)
+
+
+class SpeculationConfig(_Strict):
+    """Speculation canaries (:mod:`harness.checks.speculation`), judged on the server's own
+    counters (``metrics.jsonl``) over consecutive windows of ``window_s`` seconds; a window
+    with fewer than ``min_draft_tokens`` draft tokens is not judged, nor a pair of windows
+    across a server restart (a new process, or a new draft, is not a collapse).
+
+    * ``collapse_max_drop``: the acceptance rate may fall by at most this much (absolute,
+      a fraction) from one window to the next; None = not judged.
+    * ``saturation_rate`` / ``saturation_min_jump``: a window at acceptance ≥
+      ``saturation_rate`` reached from a window at least ``saturation_min_jump`` lower is a
+      saturation (reported before engine crashes in public bug reports); None = not judged.
+    """
+
+    window_s: float = Field(5.0, gt=0)
+    min_draft_tokens: int = Field(20, ge=1)
+    collapse_max_drop: float | None = Field(0.3, gt=0, le=1)
+    saturation_rate: float = Field(0.99, gt=0, le=1)
+    saturation_min_jump: float | None = Field(0.3, gt=0, le=1)
+
+
+class ServerMemoryConfig(_Strict):
+    """Server memory swing (:mod:`harness.checks.server_memory`): per phase, (max − min) ÷ min
+    of each server's process-tree RSS (and, on GPU hosts, of each GPU's used memory) over
+    at least ``min_samples`` samples of one server process, ignoring its first
+    ``settle_s`` seconds after a (re)start; None = not judged."""
+
+    max_rss_swing: float | None = Field(0.15, gt=0)
+    max_gpu_memory_swing: float | None = Field(0.15, gt=0)
+    min_samples: int = Field(4, ge=2)
+    settle_s: float = Field(0.0, ge=0)
+
+
+class FallbackConfig(_Strict):
+    """The speculation circuit breaker's fallback (:mod:`harness.checks.breaker`): from the
+    first breach of ``stack.breaker.hard_rejection`` in the recorded metrics to the first
+    complete response served by the restarted server without speculation, at most
+    ``max_s`` seconds (runbooks: back on plain decoding within 30 s)."""
+
+    max_s: float = Field(30.0, gt=0)
+
+
 class CheckLimits(Protocol):
     """The configuration blocks a check may read (attributes of the run's configuration)."""
 
@@ -103,3 +175,48 @@ class CheckLimits(Protocol):
     integrity: IntegrityConfig
     liveness: LivenessConfig
     hang: HangConfig
+    client_abort: ClientAbortConfig
+    mirror: MirrorConfig
+    acceptance_floor: AcceptanceFloorConfig
+    speculation: SpeculationConfig
+    server_memory: ServerMemoryConfig
+    fallback: FallbackConfig
+
+
+#: A rate: a fraction in [0, 1].
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class AcceptanceFloorConfig(_Strict):
+    """Acceptance floor (:mod:`harness.checks.acceptance_floor`): the client-side acceptance
+    rate (accepted draft tokens ÷ (decode steps × ``num_speculative_tokens``), see
+    :mod:`harness.metrics.client_acceptance`) of each prompt-length bucket must be at least
+    its floor in every phase of ``phases``, per sampling class.
+
+    ``floor`` is every bucket's floor for greedy requests, ``buckets`` overrides it per
+    bucket (``prompt_class`` names, e.g. ``{long: 0.4}``). Sampled classes are judged only
+    when named in ``sampling`` (``{class: floor}``, every bucket): sampling lowers acceptance
+    by itself (measured here with a draft that is an exact copy of the target: greedy 100%,
+    temperature 1 about 21%), so a greedy floor would fail a healthy draft. A bucket × class
+    with fewer than ``min_steps`` counted steps in a phase is reported, not judged. Rates are
+    fractions in [0, 1]."""
+
+    floor: float = Field(0.6, ge=0, le=1)
+    buckets: dict[str, Fraction] = Field(default_factory=dict)
+    sampling: dict[str, Fraction] = Field(default_factory=dict)
+    min_steps: int = Field(20, ge=1)
+    phases: list[Literal["baseline", "fault", "recovery", "after"]] = Field(
+        default_factory=lambda: ["baseline", "after"], min_length=1)
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampled_only(cls, v: dict[str, float]) -> dict[str, float]:
+        if "greedy" in v:
+            raise ValueError("greedy is judged with floor (and buckets); sampling names sampled classes only")
+        return v
+
+    def floor_for(self, bucket: str, sampling: str) -> float | None:
+        """The floor of ``bucket`` × ``sampling``; None when that class is not judged."""
+        if sampling == "greedy":
+            return self.buckets.get(bucket, self.floor)
+        return self.sampling.get(sampling)

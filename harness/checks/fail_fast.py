@@ -14,7 +14,7 @@ from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.config import FailFastConfig
 from harness.load.records import RequestRecord, is_complete
 
-__all__ = ["in_flight", "fail_fast_checks", "check", "section"]
+__all__ = ["in_flight", "fail_fast_checks", "judged_at", "check", "section"]
 
 
 def in_flight(records: Iterable[RequestRecord], t: float) -> list[RequestRecord]:
@@ -89,19 +89,30 @@ def fail_fast_checks(records: Iterable[RequestRecord], fault_time: float, ff: Fa
     return out
 
 
+def judged_at(run: RecordedRun) -> float | None:
+    """The instant (epoch s) fail-fast is judged at: the first fault whose damage is done
+    when it acts (``recovery_from == "injected"``: a killed process) — with several
+    faults, e.g. a worker killed during a memory hog, the requests that matter are those
+    in flight at the kill — else the first fault's injection; None without a fault."""
+    return next((f["injected_at"] for f in run.faults if f.get("recovery_from") == "injected"), run.fault_time)
+
+
 def check(run: RecordedRun) -> list[CheckResult]:
-    """The fail-fast checks of a recorded run (none when no fault was injected)."""
-    return [] if run.fault_time is None else fail_fast_checks(run.records, run.fault_time, run.limits.fail_fast)
+    """The fail-fast checks of a recorded run, at :func:`judged_at` (none without a fault)."""
+    t = judged_at(run)
+    return [] if t is None else fail_fast_checks(run.records, t, run.limits.fail_fast)
 
 
 def section(run: RecordedRun) -> dict:
-    """``report.json``'s ``fail_fast``: ``in_flight`` (requests in flight at the fault),
-    ``worst_error_latency_s`` (measured: the slowest of them to end in error, seconds after
-    the fault; None if none did) and ``max_error_latency_s`` (the configured limit)."""
-    n = 0 if run.fault_time is None else len(in_flight(run.records, run.fault_time))
+    """``report.json``'s ``fail_fast``: ``judged_at`` (epoch s, see :func:`judged_at`),
+    ``in_flight`` (requests in flight then), ``worst_error_latency_s`` (measured: the
+    slowest of them to end in error, seconds after that instant; None if none did) and
+    ``max_error_latency_s`` (the configured limit)."""
+    t = judged_at(run)
+    n = 0 if t is None else len(in_flight(run.records, t))
     worst = None
-    if run.fault_time is not None:
-        worst = next((c.observed for c in fail_fast_checks(run.records, run.fault_time, run.limits.fail_fast)
+    if t is not None:
+        worst = next((c.observed for c in fail_fast_checks(run.records, t, run.limits.fail_fast)
                       if c.name == "fail_fast.error_latency_s"), None)
-    return {"in_flight": n, "worst_error_latency_s": worst,
+    return {"judged_at": t, "in_flight": n, "worst_error_latency_s": worst,
             "max_error_latency_s": run.limits.fail_fast.max_error_latency_s}

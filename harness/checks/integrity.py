@@ -3,7 +3,9 @@
 Three defects are judged here, from request records alone:
 
 * **mismatched** — a complete greedy response that differs from the non-speculative
-  reference for the same prompt (speculative decoding must not change greedy output);
+  reference for the same prompt (speculative decoding must not change greedy output).
+  Only requests of a greedy sampling class (temperature 0, ``load.sampling``) are
+  compared; sampled ones are counted as ``not_comparable``, never as mismatches;
 * **malformed** — a response the server presented as finished (HTTP 200, no error,
   ``[DONE]`` seen) that is internally inconsistent (no finish_reason, chunk token total
   ≠ ``usage.completion_tokens``, token ids ≠ usage, a broken length limit);
@@ -84,7 +86,8 @@ def _aligned(got: RequestRecord, ref: RequestRecord) -> tuple[RequestRecord, Req
 
 
 def integrity_checks(
-    records: Iterable[RequestRecord], reference: dict[int, RequestRecord], min_compared: int
+    records: Iterable[RequestRecord], reference: dict[int, RequestRecord], min_compared: int,
+    greedy: Iterable[str] | None = None,
 ) -> tuple[list[CheckResult], dict]:
     """Judge sequence integrity of load records against the non-speculative reference.
 
@@ -94,12 +97,15 @@ def integrity_checks(
             server). Reference records that are not complete are ignored.
         min_compared: how many complete responses must have been compared at least
             (coverage: nothing compared fails, never passes vacuously).
+        greedy: names of the greedy sampling classes (default ``{"greedy"}``); a complete
+            record of any other class is counted ``not_comparable`` (sampled output is
+            not deterministic), still judged for malformation and false success.
 
     Returns:
         ``(checks, summary)``: checks ``integrity.mismatched == 0``,
         ``integrity.malformed == 0``, ``integrity.false_success == 0``,
         ``integrity.compared ≥ min_compared``; summary ``{"compared", "mismatched",
-        "malformed", "false_success", "first_divergence", "examples"}`` where
+        "malformed", "false_success", "not_comparable", "first_divergence", "examples"}`` where
         ``first_divergence`` is the first mismatch in words (or None) and ``examples``
         holds up to 5 request ids with reasons per defect.
     """
@@ -111,7 +117,8 @@ def integrity_checks(
         else:
             log.warning("reference for prompt %s is not complete (%s); not compared", pid, why)
 
-    compared = mismatched = malformed = false_success = 0
+    greedy_names = {"greedy"} if greedy is None else set(greedy)
+    compared = mismatched = malformed = false_success = not_comparable = 0
     first: str | None = None
     examples: dict[str, list[dict]] = {"mismatched": [], "malformed": [], "false_success": []}
 
@@ -128,6 +135,9 @@ def integrity_checks(
             if r.ok:
                 false_success += 1
                 note("false_success", r, why)
+            continue
+        if r.sampling not in greedy_names:
+            not_comparable += 1
             continue
         ref = refs.get(r.prompt_id)
         if ref is None:
@@ -165,6 +175,7 @@ def integrity_checks(
         "mismatched": mismatched,
         "malformed": malformed,
         "false_success": false_success,
+        "not_comparable": not_comparable,
         "first_divergence": first,
         "examples": examples,
     }
@@ -173,7 +184,10 @@ def integrity_checks(
 
 def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
     if "integrity" not in run.memo:
-        run.memo["integrity"] = integrity_checks(run.records, run.reference, run.limits.integrity.min_compared)
+        load = getattr(run.limits, "load", None)   # the sampling classes, when the limits carry them
+        greedy = load.greedy_classes() if load is not None else None
+        run.memo["integrity"] = integrity_checks(run.records, run.reference, run.limits.integrity.min_compared,
+                                                 greedy=greedy)
     return run.memo["integrity"]
 
 

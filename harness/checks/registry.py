@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.checks import fail_fast, fault, hang, integrity, liveness, recovery, slo, steady_state
+from harness.checks import (acceptance_floor, breaker, client_abort, fail_fast, fault, gpu, hang, integrity, liveness,
+                            mirror, orphans, recovery, server_memory, slo, speculation, steady_state)
 from harness.checks.base import Check, RecordedRun
 
 __all__ = ["CheckFamily", "CHECKS", "RESERVED_NAMES", "register_check", "unregister_check"]
@@ -38,7 +39,15 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("fail_fast", fail_fast.check, fail_fast.section),
     CheckFamily("liveness", liveness.check, liveness.section),
     CheckFamily("hang", hang.check, hang.section),
+    CheckFamily("orphans", orphans.check, orphans.section),
     CheckFamily("steady_state", steady_state.check),
+    CheckFamily("client_abort", client_abort.check, client_abort.section),
+    CheckFamily("gpu", gpu.check, gpu.section),
+    CheckFamily("mirror", mirror.check, mirror.section),
+    CheckFamily("acceptance_floor", acceptance_floor.check, acceptance_floor.section),
+    CheckFamily("speculation", speculation.check, speculation.section),
+    CheckFamily("server_memory", server_memory.check, server_memory.section),
+    CheckFamily("breaker", breaker.check, breaker.section),
 )}
 
 

@@ -1,7 +1,9 @@
 """Turn a run directory into a :class:`~harness.checks.base.RecordedRun`: read the saved
 files, split the load into phases and compute each phase's metrics. Reads files only.
 
-Files (missing ones count as empty): ``records.jsonl`` (load records),
+Files (missing ones count as empty): ``records.jsonl`` (load records; the speculative
+server's are judged by every check, mirror mode's requests to the reference server are
+kept apart in ``RecordedRun.ref_records``),
 ``reference.jsonl`` (the non-speculative reference), ``timeline.jsonl``.
 """
 
@@ -12,7 +14,7 @@ from typing import Any
 
 from harness.checks.base import RecordedRun
 from harness.checks.config import CheckLimits
-from harness.load.records import RequestRecord, is_complete, read_records
+from harness.load.records import RequestRecord, is_complete, is_ref_load, is_spec_load, read_records
 from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
 from harness.timeline import fault_summary, read_timeline
 
@@ -36,13 +38,15 @@ def recorded_run(records: list[RequestRecord], reference: list[RequestRecord], e
     ``phase_start`` events, per-phase metrics with the goodput limits of ``limits.slo``.
 
     Args:
-        records: request records; only ``source == "load"`` ones are kept.
+        records: request records; only load records are kept: those of the speculative
+            server (:func:`~harness.load.records.is_spec_load`) as ``records``, mirror
+            mode's to the reference server as ``ref_records``.
         reference: reference records (any order, duplicates allowed).
         events: timeline events (any order).
         limits: the run's configuration.
         journal: the Chaos Toolkit journal, if any.
     """
-    load = [r for r in records if r.source == "load"]
+    load = [r for r in records if is_spec_load(r)]
     events = sorted(events, key=lambda e: e["t"])
     windows = phase_windows(events)
     members = assign_phases(load, windows)
@@ -50,7 +54,7 @@ def recorded_run(records: list[RequestRecord], reference: list[RequestRecord], e
               for ph, (t0, t1) in windows.items()}
     return RecordedRun(records=load, reference=load_reference(reference), events=events, limits=limits,
                        windows=windows, members=members, phases=phases, faults=fault_summary(events),
-                       journal=journal, run_dir=run_dir)
+                       journal=journal, run_dir=run_dir, ref_records=[r for r in records if is_ref_load(r)])
 
 
 def load_run(run_dir: str | Path, limits: CheckLimits, journal: dict | None = None) -> RecordedRun:

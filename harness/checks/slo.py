@@ -8,6 +8,9 @@
   ``fault_max_error_rate`` (only when that limit is set);
 * ``degradation.after_vs_baseline.<metric>_p95_ratio`` — after ÷ baseline p95 for TTFT,
   TPOT and E2E within ``after_vs_baseline_max_ratio``;
+* ``degradation.fault_vs_baseline.<metric>_p95_ratio`` — the same for the fault phase
+  within ``fault_vs_baseline_max_ratio`` (only when that limit is set: graceful
+  degradation under a fault such as network jitter);
 * ``coverage.<phase>.requests`` — every phase has at least ``min_requests_per_phase``.
 
 A missing phase or a metric without data fails with ``observed=None``: nothing is ever
@@ -102,14 +105,25 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
                 "phase 'fault' never ran" if m is None else "no request sent")
         )
 
-    base, after = phases.get("baseline"), phases.get("after")
+    base = phases.get("baseline")
+    out += _ratio_checks("after", base, phases.get("after"), deg.after_vs_baseline_max_ratio)
+    if deg.fault_vs_baseline_max_ratio is not None:
+        out += _ratio_checks("fault", base, phases.get("fault"), deg.fault_vs_baseline_max_ratio)
+
+    out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES]
+    return out
+
+
+def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: float) -> list[CheckResult]:
+    """``degradation.<phase>_vs_baseline.<metric>_p95_ratio`` for TTFT, TPOT and E2E: the
+    phase's p95 ÷ the baseline's, at most ``limit``."""
+    out = []
     for short, key in _RATIO_METRICS:
-        name = f"degradation.after_vs_baseline.{short}_p95_ratio"
-        b, a = _p95(base, key), _p95(after, key)
-        limit = deg.after_vs_baseline_max_ratio
-        what = f"after/baseline p95 {short.upper()}"
+        name = f"degradation.{phase}_vs_baseline.{short}_p95_ratio"
+        b, a = _p95(base, key), _p95(other, key)
+        what = f"{phase}/baseline p95 {short.upper()}"
         if b is None or a is None:
-            gone = [p for p, v in (("baseline", b), ("after", a)) if v is None]
+            gone = [p for p, v in (("baseline", b), (phase, a)) if v is None]
             out.append(CheckResult(name, "degradation", False, None, limit, f"{what}: no data in {' and '.join(gone)}"))
             continue
         if b <= 0:
@@ -117,11 +131,10 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
         else:
             ratio = a / b
         if ratio is None:
-            out.append(CheckResult(name, "degradation", False, None, limit, f"{what}: baseline p95 is 0 and after is {a:.4g}"))
+            out.append(CheckResult(name, "degradation", False, None, limit,
+                                   f"{what}: baseline p95 is 0 and {phase} is {a:.4g}"))
             continue
         out.append(_le(name, "degradation", ratio, limit, f"{what} ({a:.4g}/{b:.4g})", ""))
-
-    out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES]
     return out
 
 

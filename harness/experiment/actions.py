@@ -30,7 +30,7 @@ from harness.checks.recovery import first_slo_window_end
 from harness.checks.run import recorded_run
 from harness.errors import FaultError
 from harness.experiment import session as sess
-from harness.load.records import read_records
+from harness.load.records import is_spec_load, read_records
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ class FaultTiming(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    duration_s: float = Field(0.0, ge=0)
-    evidence_timeout_s: float | None = Field(None, gt=0)
+    duration_s: float = Field(0.0, ge=0, allow_inf_nan=False, strict=True)
+    evidence_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True)
 
 
 def _parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
@@ -61,13 +61,16 @@ def run_fault(kind: str, params: dict[str, Any], duration_s: float = 0.0,
               evidence_timeout_s: float | None = None) -> dict[str, Any]:
     """Inject one fault, prove it acted, hold it ``duration_s``, then clear it.
 
-    Marks the ``fault`` phase before acting and the ``recovery`` phase once cleared.
+    Marks the ``fault`` phase before acting and the ``recovery`` phase once cleared —
+    with overlapping fault actions (Chaos Toolkit's ``background: true``), the ``fault``
+    phase starts with the first and ``recovery`` once the last one cleared.
 
     Args:
         kind: fault family name (see ``faults.registry.REGISTRY``), e.g. ``"process-kill"``.
         params: the family's parameters (validated by its ``Params`` model).
-        duration_s: seconds the fault stays active, counted from injection (0: clear as
-            soon as evidence is in; for a kill, evidence includes the supervised restart).
+        duration_s: seconds the fault stays active, counted from the moment it acted (the
+            family's ``inject`` returned; 0: clear as soon as evidence is in; for a kill,
+            evidence includes the supervised restart).
         evidence_timeout_s: how long to wait for evidence; default ``phases.fault_timeout_s``.
 
     Returns:
@@ -79,15 +82,21 @@ def run_fault(kind: str, params: dict[str, Any], duration_s: float = 0.0,
     """
     s = sess.current()
     timeout = evidence_timeout_s if evidence_timeout_s is not None else s.cfg.phases.fault_timeout_s
-    s.mark_phase("fault")
-    t0 = time.monotonic()
-    handle = s.injector.inject(kind, params)
-    ev = s.injector.collect_evidence(handle, timeout)
-    left = duration_s - (time.monotonic() - t0)
-    if left > 0:
-        s.sleep(left)
-    s.injector.clear(handle)
-    s.mark_phase("recovery")
+    s.fault_began()
+    handle = None
+    try:
+        handle = s.injector.inject(kind, params)
+        t0 = time.monotonic()      # the fault acts from here (a hog may take a while to fill memory)
+        ev = s.injector.collect_evidence(handle, timeout)
+        left = duration_s - (time.monotonic() - t0)
+        if left > 0:
+            s.sleep(left)          # raises RunInterrupted on SIGINT/SIGTERM, in any thread
+    finally:
+        try:
+            if handle is not None:
+                s.injector.clear(handle)   # also when interrupted or failing: never hold a fault longer
+        finally:
+            s.fault_ended()
     out = {"fault_id": handle.fault_id, "kind": kind, "target": handle.target,
            "acted": ev.acted, "evidence": ev.observations}
     if not ev.acted:
@@ -137,8 +146,9 @@ def inject_fault(kind: str, arguments: dict | None = None, duration_s: float = 0
 
 
 def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
-    """Wait until the speculative server is healthy, serves a complete generation, and a
-    rolling window of load requests is back within the baseline
+    """Once every fault action has cleared its fault (those run in the background
+    included), wait until the speculative server is healthy, serves a complete
+    generation, and a rolling window of load requests is back within the baseline
     (``recovery.slo_window_s``, ``recovery.baseline_p95_factor``) — or until ``timeout_s``
     (default ``phases.recovery_timeout_s``). Never raises on a stack that does not come
     back: that is judged (and failed) by the recovery checks, not an error of the run.
@@ -148,6 +158,8 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     """
     s = sess.current()
     timeout = timeout_s if timeout_s is not None else s.cfg.phases.recovery_timeout_s
+    if not s.await_faults_cleared():   # a fault action in the background still holds its fault
+        log.warning("a fault action is still active; awaiting recovery anyway")
     # The recorded run so far, split into phases as the judge splits it. The baseline is
     # closed (its requests ended before the fault; those in flight then belong to the
     # fault phase), so its metrics are computed once.
@@ -158,12 +170,30 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     baseline = run.phases.get("baseline") or {}
 
     def load_records() -> list:
-        return [r for r in read_records(s.records_path) if r.source == "load"]
+        return [r for r in read_records(s.records_path) if is_spec_load(r)]
+
+    spec = s.stack.servers.get("spec") if s.stack is not None else None
+    breaker = s.cfg.stack.breaker
+
+    def settled_since() -> float | None:
+        """Epoch s from which the speculative server counts as settled, None while it is not:
+        a planned restart (draft swap, circuit breaker) asked for or under way is no recovery,
+        and with the breaker on, the server's latest incarnation must first have served one
+        whole breaker window (plus a scrape) without the breaker acting on it."""
+        if spec is None:
+            return None
+        ready = getattr(spec, "settled_at", fault_t)   # a launcher's server without it: settled
+        if ready is None:
+            return None
+        if not breaker.enabled:
+            return fault_t
+        return max(fault_t, ready + breaker.window_s + s.cfg.scrape.interval_s)
 
     start = time.monotonic()
     end_t: float | None = None
     while time.monotonic() - start < timeout:
-        end_t = first_slo_window_end(load_records(), fault_t, baseline, s.cfg.recovery)
+        lower = settled_since()
+        end_t = None if lower is None else first_slo_window_end(load_records(), lower, baseline, s.cfg.recovery)
         if end_t is not None:
             break
         s.sleep(0.5)

@@ -2,8 +2,9 @@
 
 This module only composes the blocks each layer owns — ``stack``
 (:mod:`harness.stack.config`), ``load`` (:mod:`harness.load.config`), the check limits
-``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``/``liveness``/``hang``
-(:mod:`harness.checks.config`) — plus ``phases`` (the runner orders time) and the rules
+``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``/``liveness``/``hang``/
+``speculation``/``server_memory`` (:mod:`harness.checks.config`), the metrics scraper's
+``scrape`` (:mod:`harness.metrics.config`) — plus ``phases`` (the runner orders time) and the rules
 that span blocks. Every unknown or mistyped field is an
 :class:`~harness.errors.ExperimentError` naming the file and the field path.
 Durations are seconds (``*_s``), sizes GiB (``*_gib``).
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.checks.config import (DegradationConfig, FailFastConfig, HangConfig, IntegrityConfig, LivenessConfig,
-                                   RecoveryConfig, SloConfig)
+from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
+                                   FallbackConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
+                                   RecoveryConfig, ServerMemoryConfig, SloConfig, SpeculationConfig)
+from harness.metrics.config import ScrapeConfig
 from harness.errors import ExperimentError, first_error
 from harness.load.config import LoadConfig
 from harness.stack.config import StackConfig
@@ -52,12 +55,30 @@ class SpecchaosConfig(BaseModel):
     integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)
     liveness: LivenessConfig = Field(default_factory=LivenessConfig)
     hang: HangConfig = Field(default_factory=HangConfig)
+    client_abort: ClientAbortConfig = Field(default_factory=ClientAbortConfig)
+    mirror: MirrorConfig = Field(default_factory=MirrorConfig)
+    acceptance_floor: AcceptanceFloorConfig = Field(default_factory=AcceptanceFloorConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+    server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
+    fallback: FallbackConfig = Field(default_factory=FallbackConfig)
 
     @model_validator(mode="after")
     def _integrity_needs_reference(self) -> "SpecchaosConfig":
         if not self.stack.reference and self.integrity.min_compared > 0:
             raise ValueError("integrity.min_compared > 0 needs the reference server: set stack.reference: true "
                              "(or integrity.min_compared: 0 to judge no integrity)")
+        return self
+
+    @model_validator(mode="after")
+    def _mirror_and_buckets(self) -> "SpecchaosConfig":
+        if self.load.mirror and not self.stack.reference:
+            raise ValueError("load.mirror needs the reference server: set stack.reference: true (or load.mirror: false)")
+        longest = self.load.longest_prompt_tokens()
+        if longest + self.load.max_tokens > self.stack.max_model_len:
+            raise ValueError(f"load.buckets: the longest prompts ({longest} tokens) plus load.max_tokens "
+                             f"({self.load.max_tokens}) exceed stack.max_model_len ({self.stack.max_model_len}): "
+                             f"shorten the bucket or raise stack.max_model_len")
         return self
 
 

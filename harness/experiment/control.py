@@ -29,7 +29,7 @@ from harness.clock import now
 from harness.errors import SpecchaosError
 from harness.experiment import session as sess
 from harness.experiment.config import parse_config
-from harness.experiment.validate import fault_activities
+from harness.experiment.validate import fault_activities, method_hold_s
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ def configure_control(configuration: dict | None = None, experiment: dict | None
     out = Path(os.environ.get("SPECCHAOS_OUT") or f"results/chaos-{int(now())}")
     title = (experiment or {}).get("title", "experiment")
     faults = [f for _, _, f in fault_activities(experiment or {})]
-    sess.open_session(sess.RunInfo(title=title, source=CHAOS_RUN, out_dir=out, cfg=cfg, faults=faults))
+    sess.open_session(sess.RunInfo(title=title, source=CHAOS_RUN, out_dir=out, cfg=cfg, faults=faults,
+                                   method_hold_s=method_hold_s(experiment or {})))
 
 
 def before_experiment_control(context: dict, configuration: dict | None = None, **_: Any) -> None:

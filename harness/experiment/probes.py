@@ -15,7 +15,7 @@ from harness.checks.slo import coverage_check, phase_slo_checks
 from harness.clock import now
 from harness.experiment import session as sess
 from harness.load.client import stream_completion
-from harness.load.records import append_record, is_complete, read_records
+from harness.load.records import append_record, is_complete, is_spec_load, read_records
 from harness.metrics.phases import phase_metrics
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def generation_succeeds(server: str = "spec", timeout_s: float = 30.0) -> bool:
     srv = s.stack.servers[server]
     with httpx.Client() as client:
         rec = stream_completion(client, srv.base_url, srv.model, s.prompts[0], timeout_s=timeout_s,
-                                source="probe", ignore_eos=s.cfg.load.ignore_eos)
+                                source="probe", ignore_eos=s.cfg.load.ignore_eos, server=server)
     append_record(s.out_dir / "probes.jsonl", rec)
     ok, why = is_complete(rec)
     if not ok:
@@ -49,7 +49,7 @@ def generation_succeeds(server: str = "spec", timeout_s: float = 30.0) -> bool:
 
 
 def within_slo() -> bool:
-    """True if the load records of the current phase (since its ``phase_start``) meet the
+    """True if the speculative server's load records of the current phase (since its ``phase_start``) meet the
     SLOs of ``configuration.specchaos.slo`` and the phase sent at least
     ``degradation.min_requests_per_phase`` requests — the same rules as the judge's
     ``slo.<phase>.*`` and ``coverage.<phase>.requests`` checks
@@ -58,7 +58,7 @@ def within_slo() -> bool:
     starts = s.timeline.select("runner", "phase_start")
     since = starts[-1]["t"] if starts else 0.0
     phase = starts[-1].get("phase", "current") if starts else "current"
-    records = [r for r in read_records(s.records_path) if r.source == "load"]
+    records = [r for r in read_records(s.records_path) if is_spec_load(r)]
     m = phase_metrics(records, since, now())
     checks = [*phase_slo_checks(phase, m, s.cfg.slo), coverage_check(phase, m, s.cfg.degradation.min_requests_per_phase)]
     missed = [c for c in checks if not c.passed]

@@ -51,7 +51,7 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
     exp = load_experiment(path)
     out = prepare_out_dir(out_dir)
     s = sess.open_session(sess.RunInfo(title=exp.title, source=str(exp.path), out_dir=out, cfg=exp.cfg,
-                                       faults=exp.faults))
+                                       faults=exp.faults, method_hold_s=exp.method_hold_s))
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
     journal: dict | None = None

@@ -6,9 +6,12 @@ The session owns the run directory and orders its resources:
 
     start():  stack (both servers, built by the launcher factory) → the declared faults
               prepare the load path → prompt set → reference outputs → health sampler
-              → locust load (to ``load_urls["spec"]``) → warm-up → ``baseline`` phase
-    close():  stop load → clear every fault → release the load path → stop health
-              sampler → stop stack → forget the run state (idempotent; also run on
+              → GPU telemetry sampler → metrics scraper (every server's /metrics) → the speculation
+              circuit breaker, subscribed to the scraper (when ``stack.breaker.enabled``) → locust load
+              (to ``load_urls["spec"]``, and in mirror mode to ``load_urls["ref"]`` too) → warm-up
+              → ``baseline`` phase
+    close():  stop load → stop the breaker → clear every fault → release the load path → stop health
+              sampler → stop GPU telemetry → stop metrics scraper → stop stack → forget the run state (idempotent; also run on
               errors and signals)
 
 Nothing here judges: judgement is :func:`harness.report.judge.judge_run` over the files
@@ -34,11 +37,14 @@ from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.load.client import fetch_reference
 from harness.load.locust_process import LocustProcess, exit_reason
-from harness.load.prompts import build_prompt_set, save_prompt_set
+from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import write_records
+from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
 from harness.metrics.health import HealthSampler
+from harness.metrics.scraper import METRICS_FILE, MetricsScraper
 from harness.report.judge import judge_run
 from harness.report.json_report import write_report
+from harness.stack.breaker import SpeculationBreaker
 from harness.stack.launchers import make_stack
 from harness.stack.preflight import resolve_models
 from harness.stack.vllm import installed_vllm_version
@@ -50,7 +56,8 @@ log = logging.getLogger(__name__)
 
 #: Files of a run directory that a new run replaces (besides ``logs/*.log``).
 RUN_FILES = ("records.jsonl", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
-             "journal.json", "probes.jsonl", "prompts.json", "config.json", "experiment.json")
+             "journal.json", "probes.jsonl", "prompts.json", "config.json", "experiment.json", GPU_FILE,
+             METRICS_FILE)
 
 
 @dataclass
@@ -64,6 +71,20 @@ class RunInfo:
     meta: dict[str, Any] = field(default_factory=dict)
     #: The faults the experiment declares; each may prepare the load path before the load starts.
     faults: list[Fault] = field(default_factory=list)
+    #: Seconds the method holds faults and pauses (``validate.method_hold_s``): added to the
+    #: load's run time, so the load outlasts the longest method.
+    method_hold_s: float = 0.0
+
+
+class RunInterrupted(SpecchaosError):
+    """Raised by :meth:`Session.sleep` in any thread once a signal interrupted the run, so
+    every action that waits (fault actions in the background included) ends at once and
+    its fault is cleared, instead of holding it for its whole duration."""
+
+
+#: Upper bound of :meth:`Session.await_faults_cleared` (a fault action always ends after
+#: its ``duration_s`` and evidence timeout; this only bounds the loop).
+FAULTS_CLEARED_LIMIT_S = 3600.0
 
 
 class Session:
@@ -86,10 +107,14 @@ class Session:
         self.stack: Any = None
         self.load: LocustProcess | None = None
         self.health: HealthSampler | None = None
+        self.gpu: GpuSampler | None = None
+        self.scraper: MetricsScraper | None = None
+        self.breaker: SpeculationBreaker | None = None
         self.prompts: list = []
         self.report: dict[str, Any] | None = None
         self.closed = False
         self._lock = threading.RLock()
+        self._faults_active = 0   # fault actions between inject and clear (background ones overlap)
         self.ledger = Ledger(self.out_dir / "ledger.jsonl")
         self.run_state = RunState(self.out_dir, ledger=self.out_dir / "ledger.jsonl")
         set_current(self.run_state)
@@ -129,9 +154,8 @@ class Session:
         self.injector.prepare(self.info.faults)   # e.g. a proxy on the load path
 
         lc = cfg.load
-        self.prompts = build_prompt_set(target_dir, seed=lc.seed, short=lc.short_prompts,
-                                        medium=lc.medium_prompts, long=lc.long_prompts,
-                                        max_tokens=lc.max_tokens)
+        self.prompts = build_bucketed_prompt_set(target_dir, lc.bucket_specs(), seed=lc.seed,
+                                                 max_tokens=lc.max_tokens)
         save_prompt_set(self.prompts_path, self.prompts)
         if "ref" in self.stack.servers:
             ref = self.stack.servers["ref"]
@@ -142,15 +166,28 @@ class Session:
 
         self.health = HealthSampler(self.timeline, "spec", spec.base_url, cfg.recovery.health_interval_s)
         self.health.start()
+        self.gpu = GpuSampler(self.timeline, self.out_dir / GPU_FILE)   # on a host without GPU: one note
+        self.gpu.start()
+        # every server's /metrics (direct, never through a fault proxy) into metrics.jsonl
+        self.scraper = MetricsScraper(self.out_dir / METRICS_FILE, self.stack.servers, cfg.scrape.interval_s,
+                                      cfg.scrape.timeout_s, timeline=self.timeline)
+        if cfg.stack.breaker.enabled:   # the breaker judges the scraper's lines as they are written
+            self.breaker = SpeculationBreaker(cfg.stack.breaker, self.stack.servers[cfg.stack.breaker.server],
+                                              self.timeline)
+            self.scraper.subscribe(self.breaker.observe)
+        self.scraper.start()
 
         ph = cfg.phases
         run_time_s = (ph.warmup_s + ph.baseline_s + ph.fault_timeout_s + ph.recovery_timeout_s
-                      + ph.after_s + 120.0)
+                      + ph.after_s + self.info.method_hold_s + 120.0)
+        mirror = self.stack.servers["ref"] if lc.mirror else None   # validation: mirror needs stack.reference
         self.load = LocustProcess(self.fault_ctx.load_urls["spec"], prompts_path=self.prompts_path,
                                   records_path=self.records_path, model=spec.model, cfg=lc,
-                                  run_time_s=run_time_s, log_path=self.out_dir / "logs" / "locust.log")
+                                  run_time_s=run_time_s, log_path=self.out_dir / "logs" / "locust.log",
+                                  mirror_url=self.fault_ctx.load_urls["ref"] if mirror else None,
+                                  mirror_model=mirror.model if mirror else None)
         self.load.start()
-        self.timeline.emit("runner", "load_started", users=lc.users)
+        self.timeline.emit("runner", "load_started", users=lc.users, mirror=lc.mirror)
         log.info("load running: %d users; warm-up %.0f s, baseline %.0f s", lc.users, ph.warmup_s, ph.baseline_s)
         self.sleep(ph.warmup_s)
         self.mark_phase("baseline")
@@ -161,6 +198,36 @@ class Session:
         log.info("phase: %s", phase)
         self.phase = phase
         self.timeline.emit("runner", "phase_start", phase=phase)
+
+    def fault_began(self) -> None:
+        """A fault action is about to act: the ``fault`` phase starts with the first one."""
+        with self._lock:
+            self._faults_active += 1
+            if self._faults_active == 1:
+                self.mark_phase("fault")
+
+    def fault_ended(self) -> None:
+        """A fault action cleared its fault: the ``recovery`` phase starts once no fault
+        action is active any more (overlapping faults, e.g. one run in the background,
+        make one fault phase)."""
+        with self._lock:
+            self._faults_active = max(0, self._faults_active - 1)
+            if self._faults_active == 0:
+                self.mark_phase("recovery")
+
+    def faults_active(self) -> int:
+        """Fault actions between inject and clear right now."""
+        with self._lock:
+            return self._faults_active
+
+    def await_faults_cleared(self, limit_s: float = FAULTS_CLEARED_LIMIT_S) -> bool:
+        """Wait (keeping an eye on the load) until no fault action is active, e.g. one
+        running in the background (``background: true``); at most ``limit_s`` seconds.
+        Returns whether none is active."""
+        end = time.monotonic() + limit_s
+        while self.faults_active() and time.monotonic() < end:
+            self.sleep(0.2)
+        return not self.faults_active()
 
     def note_interrupt(self, signal_name: str) -> None:
         """Record that a signal interrupted the run (first one wins): the run's first error
@@ -175,12 +242,21 @@ class Session:
         """Sleep in small steps; raises LoadError if the load generator died meanwhile."""
         end = time.monotonic() + seconds
         while True:
+            if self.interrupted:   # any thread: a fault action in the background ends too
+                raise RunInterrupted(self.errors[0] if self.errors else "interrupted")
             left = end - time.monotonic()
             if left <= 0:
                 return
             time.sleep(min(0.5, left))
+            if self.interrupted:
+                raise RunInterrupted(self.errors[0] if self.errors else "interrupted")
             if self.load is not None and not self.load.is_running():
                 log_path = self.out_dir / "logs" / "locust.log"
+                reason = exit_reason(log_path)
+                if self.load.returncode == 0 and "max_requests" not in reason:   # it ran out of time
+                    raise LoadError(f"the load ended while the experiment still needed it: locust reached its "
+                                    f"run time ({self.load.run_time_s} s)", where=str(log_path),
+                                    hint="the run is judged on what was recorded")
                 raise LoadError(f"the locust load process exited early (code {self.load.returncode}): "
                                 f"{exit_reason(log_path)}", where=str(log_path),
                                 hint="the run is judged on what was recorded")
@@ -193,6 +269,11 @@ class Session:
                 self.load = None
                 self.timeline.emit("runner", "load_stopped")
 
+    def stop_breaker(self) -> None:
+        """The circuit breaker acts no more (idempotent); the scraper that feeds it stops later."""
+        if self.breaker is not None:
+            self.breaker.stop()
+
     def close(self) -> None:
         """Tear everything down, in order, whatever happened before. Idempotent."""
         with self._lock:
@@ -201,9 +282,12 @@ class Session:
             self.closed = True
             steps = [
                 ("stop load", self.stop_load),
+                ("stop the breaker", self.stop_breaker),
                 ("clear faults", self.injector.clear_all),
                 ("release the load path", self.injector.release_all),
                 ("stop health sampler", self.health.stop if self.health else None),
+                ("stop GPU telemetry", self.gpu.stop if self.gpu else None),
+                ("stop metrics scraper", self.scraper.stop if self.scraper else None),
                 ("stop stack", self.stack.stop if self.stack else None),
             ]
             for what, step in steps:

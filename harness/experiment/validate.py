@@ -6,12 +6,15 @@ disagree. In order: the file parses (YAML/JSON, with line numbers); every fault 
 names a known family with valid arguments and an existing server; Chaos Toolkit's own
 validation passes (activities resolve, arguments bind to their functions' signatures);
 the ``specchaos`` control is declared; ``configuration.specchaos`` validates (each layer's
-block, plus the cross-block rules); the method injects a fault; and the stack's
+block, plus the cross-block rules); the host can do what each fault asks
+(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the method
+injects a fault; and the stack's
 pre-flight (:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +28,7 @@ from pydantic import ValidationError
 
 from faults.base import Fault
 from faults.registry import by_activity, fault_class, make_fault
-from harness.errors import ExperimentError, first_error
+from harness.errors import ExperimentError, SpecchaosError, first_error
 from harness.experiment import actions
 from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig, parse_config
@@ -58,6 +61,9 @@ class Experiment:
     cfg: SpecchaosConfig
     #: The faults the experiment declares (validated), in document order.
     faults: list[Fault] = field(default_factory=list)
+    #: Seconds the method's fault actions hold their faults and its pauses wait, at most
+    #: (``duration_s`` + ``pauses`` summed): the load must outlast them.
+    method_hold_s: float = 0.0
 
     @property
     def title(self) -> str:
@@ -150,6 +156,27 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
         yield loc, kind, fault
 
 
+def _check_host(doc: dict[str, Any], loc: str, fault: Fault, where: str, cfg: SpecchaosConfig | None = None) -> None:
+    """:meth:`Fault.check_host` and :meth:`Fault.check_stack`, the error located at the
+    argument it names.
+
+    Raises:
+        ExperimentError: the host cannot do what the fault's arguments ask, or they do not
+            fit the stack (e.g. a model that does not exist).
+    """
+    try:
+        fault.check_host()
+        if cfg is not None:
+            fault.check_stack(cfg.stack)
+    except SpecchaosError as exc:
+        kind, _, index = loc.partition("[")
+        act = (doc.get(kind) if kind != "steady-state-hypothesis.probes" else
+               (doc.get("steady-state-hypothesis") or {}).get("probes")) or []
+        prov = (act[int(index.rstrip("]"))] or {}).get("provider") or {}
+        at = f"{where}: {loc}.provider.arguments" + (".arguments" if prov.get("func") == GENERIC_FAULT_ACTION else "")
+        raise ExperimentError(exc.message, where=f"{at}.{exc.where}" if exc.where else at, hint=exc.hint) from None
+
+
 def load_experiment(path: str | Path) -> Experiment:
     """Parse and validate an experiment without starting anything (see module doc).
 
@@ -176,6 +203,13 @@ def load_experiment(path: str | Path) -> Experiment:
         conf = load_configuration(doc.get("configuration") or {})
     except ChaosException as exc:
         raise ExperimentError(str(exc), where=f"{path}: configuration") from None
+    if "specchaos" not in conf:   # the defaults would apply silently: refuse
+        near = difflib.get_close_matches("specchaos", [str(k) for k in conf], n=1, cutoff=0.6)
+        raise ExperimentError("missing: the specchaos control needs this block (stack, load, phases and the "
+                              "limits); without it every limit would be a built-in default",
+                              where=f"{path}: configuration.specchaos",
+                              hint=f"is configuration.{near[0]} a misspelling of it?" if near else
+                              "add configuration: {specchaos: {...}}; experiments/kill-draft-worker.yaml has one")
     cfg = parse_config(conf.get("specchaos"), where=f"{path}: configuration.specchaos")
 
     servers = {"spec"} | ({"ref"} if cfg.stack.reference else set())
@@ -195,9 +229,28 @@ def load_experiment(path: str | Path) -> Experiment:
                 and args.get("phase") is not None and args["phase"] not in PHASES:
             raise ExperimentError(f"unknown phase {args['phase']!r}", where=f"{path}: {loc}.provider.arguments.phase",
                                   hint=f"known: {', '.join(PHASES)}")
+    for loc, _kind, fault in faults:   # what the host must provide (a writable cgroup, a GPU...)
+        _check_host(doc, loc, fault, where=str(path), cfg=cfg)
     if not any(loc.startswith("method[") for loc, _, _ in faults):
         raise ExperimentError("the method injects no fault, so the run would test nothing",
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
-    return Experiment(path=path, doc=doc, cfg=cfg, faults=[f for _, _, f in faults])
+    return Experiment(path=path, doc=doc, cfg=cfg, faults=[f for _, _, f in faults], method_hold_s=method_hold_s(doc))
+
+
+def method_hold_s(doc: dict[str, Any]) -> float:
+    """Seconds the method's activities hold and pause, at most: every fault action's
+    ``duration_s`` and every ``pauses`` ``before``/``after`` of the method, summed (an
+    upper bound: background actions overlap). The load's run time adds it."""
+    total = 0.0
+    for act in doc.get("method") or []:
+        if not isinstance(act, dict):
+            continue
+        args = ((act.get("provider") or {}).get("arguments") or {})
+        if isinstance(args.get("duration_s"), (int, float)) and not isinstance(args.get("duration_s"), bool):
+            total += float(args["duration_s"])
+        for v in (act.get("pauses") or {}).values():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                total += float(v)
+    return total

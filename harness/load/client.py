@@ -1,6 +1,6 @@
 """The one streaming client: locust users, the reference fetch and liveness probes all use it.
 
-One request is a greedy streaming ``POST /v1/completions`` (OpenAI completions API as
+One request is a streaming ``POST /v1/completions`` (greedy unless a sampling class says otherwise) (OpenAI completions API as
 served by vLLM) whose whole exchange becomes one :class:`~harness.load.records.RequestRecord`.
 Server and network faults never raise: they become ``record.error`` (classes documented
 in :mod:`harness.load.records`). SSE is parsed with ``httpx-sse``.
@@ -32,6 +32,7 @@ from httpx_sse import EventSource, SSEError
 from harness import clock
 from harness.errors import LoadError
 from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.load.config import GREEDY, SamplingClass
 from harness.load.prompts import Prompt
 from harness.load.records import RequestRecord
 
@@ -41,14 +42,17 @@ COMPLETIONS_PATH = "/v1/completions"
 _DETAIL_CHARS = 300
 
 
-def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False) -> dict[str, Any]:
-    """The JSON body of a greedy streaming completion for ``prompt``.
+def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
+                    sampling: SamplingClass | None = None) -> dict[str, Any]:
+    """The JSON body of a streaming completion for ``prompt``.
 
-    ``temperature`` 0 (greedy, so outputs are comparable with a reference),
-    ``stream_options.include_usage`` (final usage chunk: ``completion_tokens`` as in vLLM's
-    serving benchmark) and ``return_token_ids`` (vLLM extension: per-chunk ``token_ids``).
+    Sampling from ``sampling`` (default :data:`~harness.load.config.GREEDY`: ``temperature``
+    0, so outputs are comparable with a reference; a sampled class adds its
+    ``temperature`` and ``top_p``), ``stream_options.include_usage`` (final usage chunk:
+    ``completion_tokens`` as in vLLM's serving benchmark) and ``return_token_ids`` (vLLM
+    extension: per-chunk ``token_ids``).
     """
-    return {
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt.text,
         "max_tokens": prompt.max_tokens,
@@ -58,6 +62,8 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False) -> dic
         "return_token_ids": True,
         "ignore_eos": ignore_eos,
     }
+    body.update((sampling or GREEDY).body())
+    return body
 
 
 def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
@@ -176,6 +182,8 @@ def stream_completion(
     user_id: int = -1,
     ignore_eos: bool = False,
     on_interrupt: Callable[[RequestRecord], None] | None = None,
+    server: str = "spec",
+    sampling: SamplingClass | None = None,
 ) -> RequestRecord:
     """Send one streaming completion and record the whole exchange.
 
@@ -193,6 +201,10 @@ def stream_completion(
         on_interrupt: called with the partial record (``error="other:<Name>"``) when a
             non-``Exception`` interrupts the request (gevent's ``GreenletExit`` when locust
             stops a user, ``KeyboardInterrupt``); the interrupt is then re-raised.
+        server: the record's ``server``: ``"spec"`` or ``"ref"`` (which server
+            ``base_url`` is; the record says so, the URL is not inspected).
+        sampling: the request's sampling class (default greedy); its name goes into the
+            record's ``sampling``.
 
     Returns:
         The record (see :class:`~harness.load.records.RequestRecord` for every field).
@@ -211,8 +223,10 @@ def stream_completion(
         prompt_id=prompt.prompt_id,
         prompt_class=prompt.prompt_class,
         max_tokens=prompt.max_tokens,
+        server=server,
+        sampling=(sampling or GREEDY).name,
     )
-    body = completion_body(prompt, model, ignore_eos)
+    body = completion_body(prompt, model, ignore_eos, sampling)
     rec.send_time = clock.now()
     t0 = time.perf_counter()
     guard = _Deadline(t0 + timeout_s)
@@ -314,6 +328,10 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[
             fail("stream_cut", "connection closed before data: [DONE]")
         elif rec.finish_reason is None:
             fail("bad_payload", "stream ended with [DONE] but no finish_reason")
+        elif rec.finish_reason not in ("stop", "length"):
+            # vLLM ends the streams in flight with finish_reason "abort" when it shuts down
+            # (SIGTERM, e.g. a planned restart): a cut response, never a success
+            fail("aborted", f"the server ended the stream with finish_reason {rec.finish_reason!r}")
 
 
 def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str]) -> None:
@@ -362,8 +380,10 @@ def fetch_reference(
     ignore_eos: bool = False,
     retries: int = 3,
     retry_backoff_s: float = 0.5,
+    server: str = "ref",
 ) -> dict[int, RequestRecord]:
-    """Fetch one complete greedy output per prompt (``source="reference"``).
+    """Fetch one complete greedy output per prompt (``source="reference"``, the records'
+    ``server`` as given: the reference server, ``"ref"``, by default).
 
     A prompt whose record is not ``ok`` is retried up to ``retries`` times (sleeping
     ``retry_backoff_s`` x attempt in between). At most ``concurrency`` requests in flight.
@@ -383,7 +403,7 @@ def fetch_reference(
             if attempt:
                 time.sleep(retry_backoff_s * attempt)
             rec = stream_completion(client, base_url, model, prompt, timeout_s=timeout_s,
-                                    source="reference", ignore_eos=ignore_eos)
+                                    source="reference", ignore_eos=ignore_eos, server=server)
             if rec.ok:
                 return rec
             log.warning("reference prompt %d attempt %d failed: %s (%s)", prompt.prompt_id,

@@ -13,6 +13,7 @@ follows if it is still alive after ``stop(timeout_s)``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -31,7 +32,21 @@ log = logging.getLogger(__name__)
 
 #: The locustfile, by path: never import it here (importing locust monkey-patches gevent).
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
+#: Locust's log line once its locustfile (and with it the prompt set) loaded.
+_STARTED_LINE = "Starting Locust"
+#: Longest wait for that line in :meth:`LocustProcess.start` (seconds).
+STARTUP_LIMIT_S = 60.0
 
+
+
+def _log_since(path: Path, offset: int) -> str:
+    """The locust log from byte ``offset`` on (``""`` if unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _tail(path: Path, chars: int = 2000) -> str:
@@ -66,10 +81,16 @@ class LocustProcess:
         log_path: locust's stdout and stderr (its log and final summary).
         stop_timeout_s: locust's ``--stop-timeout``: how long a stopping user may finish
             its request in flight. Keep it below :meth:`stop`'s ``timeout_s``.
-        startup_check_s: :meth:`start` waits this long to catch an early exit.
+        startup_check_s: :meth:`start` waits this long after locust printed "Starting
+            Locust" (its locustfile loaded; at most :data:`STARTUP_LIMIT_S` s) to catch an
+            early exit.
+        mirror_url: the reference (plain) server for mirror mode (``cfg.mirror``): every
+            request is also sent there, interleaved (see :mod:`harness.load.locustfile`);
+            None: no mirror. Loopback only.
+        mirror_model: the reference server's served model name (default ``model``).
 
     Raises:
-        LoadError: ``host_url`` is not a loopback http(s) URL.
+        LoadError: ``host_url`` or ``mirror_url`` is not a loopback http(s) URL.
     """
 
     def __init__(
@@ -84,8 +105,14 @@ class LocustProcess:
         log_path: str | os.PathLike,
         stop_timeout_s: float = 10.0,
         startup_check_s: float = 2.0,
+        mirror_url: str | None = None,
+        mirror_model: str | None = None,
     ):
         check_loopback_url(host_url, where="load host")
+        if mirror_url is not None:
+            check_loopback_url(mirror_url, where="mirror host")
+        self.mirror_url = None if mirror_url is None else mirror_url.rstrip("/")
+        self.mirror_model = mirror_model
         self.host_url = host_url.rstrip("/")
         self.prompts_path = Path(prompts_path).resolve()
         self.records_path = Path(records_path).resolve()
@@ -130,6 +157,9 @@ class LocustProcess:
             "SPECCHAOS_ERROR_BACKOFF_S": repr(float(c.error_backoff_s)),
             "SPECCHAOS_SEED": str(c.seed),
             "SPECCHAOS_IGNORE_EOS": "1" if c.ignore_eos else "0",
+            "SPECCHAOS_SAMPLING": json.dumps([s.model_dump() for s in c.sampling]),
+            "SPECCHAOS_MIRROR_HOST": self.mirror_url or "",
+            "SPECCHAOS_MIRROR_MODEL": self.mirror_model or "",
         })
         return env
 
@@ -161,9 +191,11 @@ class LocustProcess:
         self.records_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command()
-        log.info("starting locust: %d users -> %s for %d s", self.cfg.users, self.host_url, self.run_time_s)
+        log.info("starting locust: %d users -> %s%s for %d s", self.cfg.users, self.host_url,
+                 f" and (mirror) {self.mirror_url}" if self.mirror_url else "", self.run_time_s)
         log.debug("locust argv: %s", cmd)
         with open(self.log_path, "ab") as logf:
+            log_offset = logf.tell()
             try:
                 self._proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
@@ -173,8 +205,15 @@ class LocustProcess:
             except OSError as exc:
                 raise LoadError(f"cannot start locust: {exc}", where=str(self.log_path)) from None
         state.register_process(self._proc.pid, "locust")
-        deadline = time.monotonic() + self.startup_check_s
+        # The survival window counts from locust's own "Starting Locust" line, printed once
+        # the locustfile (and the prompt set) loaded: on a busy host the import alone can
+        # outlast a fixed window, and a bad prompt set would then pass the check.
+        deadline = time.monotonic() + STARTUP_LIMIT_S
+        started = False
         while time.monotonic() < deadline:
+            if not started and _STARTED_LINE in _log_since(self.log_path, log_offset):
+                started = True
+                deadline = time.monotonic() + self.startup_check_s
             if self._proc.poll() is not None:
                 self._forget()
                 if self._proc.returncode == 0:  # e.g. SPECCHAOS_MAX_REQUESTS already reached
@@ -184,6 +223,8 @@ class LocustProcess:
                     where=str(self.log_path), hint="read the locust log",
                 )
             time.sleep(0.1)
+        if not started:
+            log.warning("locust printed no %r within %.0f s; going on", _STARTED_LINE, STARTUP_LIMIT_S)
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """Stop locust: SIGTERM (graceful, see module doc), then SIGKILL of its process

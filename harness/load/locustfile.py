@@ -4,10 +4,19 @@ Run by :class:`harness.load.locust_process.LocustProcess` as
 ``python -m locust -f <this file> --headless --host http://127.0.0.1:PORT ...`` (never
 import it into another process: importing locust monkey-patches the interpreter with gevent).
 
-Each :class:`StreamingCompletionUser` is a closed loop: send one greedy streaming completion
+Each :class:`StreamingCompletionUser` is a closed loop: send one streaming completion
 (:func:`harness.load.client.stream_completion`), append its record to the records file,
 wait, repeat. It walks the prompt set in its own seeded order (a fresh shuffle per pass,
-``random.Random(SPECCHAOS_SEED + user index)``), so every prompt is sent many times.
+``random.Random(SPECCHAOS_SEED + user index)``), so every prompt is sent many times, and
+draws each request's sampling class by weight from its own seeded generator
+(``random.Random(f"sampling:{SPECCHAOS_SEED}:{user index}")``, so adding classes does
+not change the prompt walk).
+
+Mirror mode (``SPECCHAOS_MIRROR_HOST`` set): every step sends the same request (prompt
+and sampling class) to the speculative server (``--host``, records ``server="spec"``)
+and to the reference server (records ``server="ref"``), one after the other; which goes
+first alternates from step to step, and users start on alternate sides, so neither
+server always runs second.
 Locust's own statistics are kept right by firing ``environment.events.request`` for every
 request (``response_time`` in ms, an ``exception`` on failure).
 
@@ -24,6 +33,11 @@ Configuration (environment variables, all set by ``LocustProcess``):
   hammered in a tight loop (default 0.25; the larger of it and the think time is used).
 * ``SPECCHAOS_SEED``: seed of the per-user prompt orders (default 1234).
 * ``SPECCHAOS_IGNORE_EOS``: ``1``/``true`` to ask for ``ignore_eos`` (default off).
+* ``SPECCHAOS_SAMPLING``: the sampling classes as a JSON list of
+  :class:`harness.load.config.SamplingClass` (default: greedy only).
+* ``SPECCHAOS_MIRROR_HOST``: the reference server's root URL for mirror mode (default:
+  none, no mirror); ``SPECCHAOS_MIRROR_MODEL`` its served model name (default
+  ``SPECCHAOS_MODEL``).
 
 Shutdown: once locust starts stopping (``test_stopping``) no new request is sent; its
 ``--stop-timeout`` lets a user finish the request in flight; a request still running when
@@ -34,6 +48,7 @@ it expires is ended by locust (``GreenletExit``) and written as an error
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import random
@@ -44,8 +59,11 @@ import gevent
 from locust import User, events, task
 from locust.exception import StopUser
 
-from harness.errors import LoadError
+from pydantic import TypeAdapter, ValidationError
+
+from harness.errors import LoadError, first_error
 from harness.load.client import check_loopback_url, make_client, stream_completion
+from harness.load.config import GREEDY, SamplingClass
 from harness.load.prompts import Prompt, load_prompt_set
 from harness.load.records import RequestRecord, append_record
 
@@ -65,6 +83,23 @@ class Settings:
     error_backoff_s: float
     seed: int
     ignore_eos: bool
+    sampling: tuple[SamplingClass, ...] = (GREEDY,)
+    mirror_host: str | None = None
+    mirror_model: str | None = None
+
+
+def _sampling(raw: str | None) -> tuple[SamplingClass, ...]:
+    if not raw:
+        return (GREEDY,)
+    try:
+        classes = TypeAdapter(list[SamplingClass]).validate_python(json.loads(raw))
+    except ValueError as exc:   # json.JSONDecodeError and pydantic's ValidationError
+        msg = first_error(exc)[1] if isinstance(exc, ValidationError) else str(exc)
+        raise LoadError(f"SPECCHAOS_SAMPLING is not a list of sampling classes: {msg}",
+                        where="harness/load/locustfile.py") from None
+    if not classes:
+        raise LoadError("SPECCHAOS_SAMPLING is empty", where="harness/load/locustfile.py")
+    return tuple(classes)
 
 
 def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
@@ -107,6 +142,9 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         error_backoff_s=num("SPECCHAOS_ERROR_BACKOFF_S", 0.25),
         seed=num("SPECCHAOS_SEED", 1234, int),
         ignore_eos=env.get("SPECCHAOS_IGNORE_EOS", "").strip().lower() in ("1", "true", "yes", "on"),
+        sampling=_sampling(env.get("SPECCHAOS_SAMPLING")),
+        mirror_host=env.get("SPECCHAOS_MIRROR_HOST") or None,
+        mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
     )
 
 
@@ -132,12 +170,15 @@ class RequestFailed(Exception):
 
 
 class StreamingCompletionUser(User):
-    """One closed-loop client of the speculative server (see module doc)."""
+    """One closed-loop client of the speculative server, and in mirror mode of the
+    reference server too (see module doc)."""
 
     def __init__(self, environment) -> None:
         super().__init__(environment)
         self.user_id = next(_user_index)
         self.rng = random.Random(SETTINGS.seed + self.user_id)
+        self.sampling_rng = random.Random(f"sampling:{SETTINGS.seed}:{self.user_id}")
+        self._steps = 0
         self._order: list[Prompt] = []
         self._next_wait = SETTINGS.think_time_s
         self._client = None
@@ -148,6 +189,8 @@ class StreamingCompletionUser(User):
 
     def on_start(self) -> None:
         check_loopback_url(self.host or "", where="locust --host")
+        if SETTINGS.mirror_host:
+            check_loopback_url(SETTINGS.mirror_host, where="SPECCHAOS_MIRROR_HOST")
         self._client = make_client(max_connections=2)
 
     def on_stop(self) -> None:
@@ -162,37 +205,62 @@ class StreamingCompletionUser(User):
             self._order.reverse()  # pop() from the end walks the shuffle in order
         return self._order.pop()
 
+    def next_sampling(self) -> SamplingClass:
+        """The next request's sampling class, drawn by weight from this user's seeded
+        generator (no draw when there is only one class)."""
+        classes = SETTINGS.sampling
+        if len(classes) == 1:
+            return classes[0]
+        return self.sampling_rng.choices(classes, weights=[c.weight for c in classes])[0]
+
+    def targets(self) -> list[tuple[str, str, str]]:
+        """``(server, base URL, model)`` to send this step's request to, in order: the
+        speculative server alone, or in mirror mode both, the first alternating per step
+        (user ``i`` starts with the reference server when ``i`` is odd)."""
+        spec = ("spec", self.host, SETTINGS.model)
+        if not SETTINGS.mirror_host:
+            return [spec]
+        ref = ("ref", SETTINGS.mirror_host, SETTINGS.mirror_model or SETTINGS.model)
+        return [spec, ref] if (self._steps + self.user_id) % 2 == 0 else [ref, spec]
+
     @task
     def complete(self) -> None:
-        """Send one request, record it, and choose the next wait."""
+        """Send one request (in mirror mode: the same one to both servers), record it,
+        and choose the next wait."""
         global _sent
-        if _stopping:
-            raise StopUser()
-        if _sent >= SETTINGS.max_requests:
-            _quit(self.environment)
-            raise StopUser()
-        _sent += 1
-        rec = stream_completion(
-            self._client, self.host, SETTINGS.model, self.next_prompt(),
-            timeout_s=SETTINGS.request_timeout_s, source="load", user_id=self.user_id,
-            ignore_eos=SETTINGS.ignore_eos, on_interrupt=self._record,
-        )
-        self._record(rec)
-        self._next_wait = SETTINGS.think_time_s if rec.ok else max(SETTINGS.think_time_s, SETTINGS.error_backoff_s)
+        prompt, sampling = self.next_prompt(), self.next_sampling()
+        targets = self.targets()
+        self._steps += 1
+        all_ok = True
+        for server, url, model in targets:
+            if _stopping:
+                raise StopUser()
+            if _sent >= SETTINGS.max_requests:
+                _quit(self.environment)
+                raise StopUser()
+            _sent += 1
+            rec = stream_completion(
+                self._client, url, model, prompt,
+                timeout_s=SETTINGS.request_timeout_s, source="load", user_id=self.user_id,
+                ignore_eos=SETTINGS.ignore_eos, on_interrupt=self._record, server=server, sampling=sampling,
+            )
+            self._record(rec)
+            all_ok = all_ok and rec.ok
+        self._next_wait = SETTINGS.think_time_s if all_ok else max(SETTINGS.think_time_s, SETTINGS.error_backoff_s)
 
     def _record(self, rec: RequestRecord) -> None:
         append_record(SETTINGS.records_path, rec)
         exc = None if rec.ok else RequestFailed(f"{rec.error}: {rec.error_detail}")
         self.environment.events.request.fire(
             request_type="POST",
-            name=f"/v1/completions [{rec.prompt_class}]",
+            name=f"/v1/completions [{rec.prompt_class}]" + ("" if rec.server == "spec" else f" [{rec.server}]"),
             response_time=(rec.e2e_s or 0.0) * 1000.0,
             response_length=len(rec.text),
             response=None,
             context={"user_id": rec.user_id, "prompt_id": rec.prompt_id, "request_id": rec.request_id},
             exception=exc,
             start_time=rec.send_time,
-            url=f"{self.host}/v1/completions",
+            url=f"{self.host if rec.server == 'spec' else SETTINGS.mirror_host}/v1/completions",
         )
 
 

@@ -1,16 +1,19 @@
 """A fixed, seeded prompt set of mixed lengths, measured with the target model's tokenizer.
 
-Three length classes (token counts as the server counts them, i.e. with the tokenizer's
-special tokens such as BOS, so ``Prompt.prompt_tokens`` equals vLLM's
-``usage.prompt_tokens``):
+Prompts come in length buckets (token counts as the server counts them, i.e. with the
+tokenizer's special tokens such as BOS, so ``Prompt.prompt_tokens`` equals vLLM's
+``usage.prompt_tokens``). By default three:
 
 * ``"short"``: 16..60 tokens (each prompt draws its own target in that range),
 * ``"medium"``: 128 +- 8 tokens,
-* ``"long"``: 512 +- 16 tokens.
+* ``"long"``: 512 +- 16 tokens;
+
+``load.buckets`` configures any ordered list instead (:class:`harness.load.config.PromptBucket`;
+:func:`build_bucketed_prompt_set`), the bucket's name being the prompt's ``prompt_class``.
 
 Text comes from a seeded word generator (plain English words in sentences), so the same
-seed and tokenizer give the same prompt set byte for byte. Ids are ``0..n-1``: shorts
-first, then mediums, then longs.
+seed and tokenizer give the same prompt set byte for byte. Ids are ``0..n-1``: bucket by
+bucket, in bucket order (shorts first, then mediums, then longs by default).
 
 The set is saved as ``OUT/prompts.json``::
 
@@ -29,19 +32,17 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from harness.errors import LoadError, ModelError
+from harness.load.config import DEFAULT_BUCKETS
 
 log = logging.getLogger(__name__)
 
 FORMAT = "specchaos-prompts/1"
 
-PROMPT_CLASSES = ("short", "medium", "long")
+#: The default buckets' names, in order.
+PROMPT_CLASSES = tuple(DEFAULT_BUCKETS)
 
-#: (lowest target, highest target, accepted min, accepted max) tokens per class.
-CLASS_BOUNDS: dict[str, tuple[int, int, int, int]] = {
-    "short": (16, 60, 16, 60),
-    "medium": (124, 132, 120, 136),
-    "long": (504, 520, 496, 528),
-}
+#: (lowest target, highest target, accepted min, accepted max) tokens per default bucket.
+CLASS_BOUNDS: dict[str, tuple[int, int, int, int]] = DEFAULT_BUCKETS
 
 _WORDS = (
     "the of and to in is was that for it with as on be at by this had not are but from or "
@@ -67,7 +68,8 @@ class Prompt:
 
     Fields:
         prompt_id: index in the set, ``0..n-1``.
-        prompt_class: ``"short"``, ``"medium"`` or ``"long"`` (see module doc).
+        prompt_class: the prompt's length bucket, e.g. ``"short"``, ``"medium"`` or
+            ``"long"`` (see module doc).
         text: the prompt text sent as the completion ``prompt``.
         prompt_tokens: its length in tokens with the target's tokenizer (special tokens
             included, as vLLM counts ``usage.prompt_tokens``).
@@ -160,34 +162,66 @@ def build_prompt_set(
     max_tokens: int,
     count_tokens: Callable[[str], int] | None = None,
 ) -> list[Prompt]:
-    """Build the seeded prompt set (see module doc for the classes).
+    """Build the seeded prompt set of the three default buckets (see module doc).
 
     Args:
         tokenizer_dir: the target model directory (its tokenizer measures lengths).
         seed: the same seed and tokenizer give the same set.
-        short, medium, long: how many prompts of each class.
+        short, medium, long: how many prompts of each bucket.
         max_tokens: ``max_tokens`` of every prompt.
         count_tokens: optional text -> token count to use instead of loading
             ``tokenizer_dir`` (tests).
 
     Returns:
-        ``short + medium + long`` prompts with ids ``0..n-1`` in class order.
+        ``short + medium + long`` prompts with ids ``0..n-1`` in bucket order.
 
     Raises:
         ModelError: no tokenizer in ``tokenizer_dir``.
-        LoadError: a negative count, or the tokenizer cannot produce a class's length.
+        LoadError: a negative count, or the tokenizer cannot produce a bucket's length.
     """
-    if min(short, medium, long) < 0 or max_tokens < 1:
+    counts = {"short": short, "medium": medium, "long": long}
+    buckets = [(name, *CLASS_BOUNDS[name], counts[name]) for name in PROMPT_CLASSES]
+    return build_bucketed_prompt_set(tokenizer_dir, buckets, seed=seed, max_tokens=max_tokens,
+                                     count_tokens=count_tokens)
+
+
+def build_bucketed_prompt_set(
+    tokenizer_dir: str | os.PathLike,
+    buckets: Sequence[tuple[str, int, int, int, int, int]],
+    *,
+    seed: int,
+    max_tokens: int,
+    count_tokens: Callable[[str], int] | None = None,
+) -> list[Prompt]:
+    """Build a seeded prompt set bucket by bucket.
+
+    Args:
+        tokenizer_dir: the target model directory (its tokenizer measures lengths).
+        buckets: ``(name, target_lo, target_hi, accept_lo, accept_hi, count)`` per bucket, in
+            order (:meth:`harness.load.config.LoadConfig.bucket_specs`): ``count`` prompts,
+            each aiming at a length drawn uniformly in ``[target_lo, target_hi]`` tokens and
+            accepted within ``[accept_lo, accept_hi]``.
+        seed: the same seed, buckets and tokenizer give the same set.
+        max_tokens: ``max_tokens`` of every prompt.
+        count_tokens: optional text -> token count instead of loading ``tokenizer_dir``.
+
+    Returns:
+        The prompts, ids ``0..n-1`` in bucket order, ``prompt_class`` = the bucket's name.
+
+    Raises:
+        ModelError: no tokenizer in ``tokenizer_dir``.
+        LoadError: a negative count, or the tokenizer cannot produce a bucket's length.
+    """
+    if any(b[5] < 0 for b in buckets) or max_tokens < 1:
         raise LoadError("prompt counts must be >= 0 and max_tokens >= 1", where="harness.load.prompts")
     count = count_tokens or load_token_counter(tokenizer_dir)
     rng = random.Random(seed)
     prompts: list[Prompt] = []
-    for cls, n in (("short", short), ("medium", medium), ("long", long)):
-        t_lo, t_hi, lo, hi = CLASS_BOUNDS[cls]
+    for name, t_lo, t_hi, lo, hi, n in buckets:
         for _ in range(n):
             target = rng.randint(t_lo, t_hi)
             text, tokens = _fit(rng, count, target, lo, hi)
-            prompts.append(Prompt(len(prompts), cls, text, tokens, max_tokens))
+            prompts.append(Prompt(len(prompts), name, text, tokens, max_tokens))
     log.debug("built %d prompts (seed %d)", len(prompts), seed)
     return prompts
 
@@ -223,7 +257,7 @@ def load_prompt_set(path: str | os.PathLike) -> list[Prompt]:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LoadError(f"malformed prompt: {exc!r}", where=f"{p}: prompts[{i}]") from None
-        if prompt.prompt_class not in PROMPT_CLASSES:
-            raise LoadError(f"unknown prompt_class {prompt.prompt_class!r}", where=f"{p}: prompts[{i}]")
+        if not prompt.prompt_class:
+            raise LoadError("empty prompt_class", where=f"{p}: prompts[{i}]")
         out.append(prompt)
     return out

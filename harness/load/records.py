@@ -45,12 +45,19 @@ class RequestRecord:
         error: error class, None on success. One of ``"connect"`` (refused/unreachable),
             ``"http_<code>"``, ``"stream_error"`` (an error event inside the stream),
             ``"stream_cut"`` (connection closed before ``[DONE]``), ``"timeout"``,
-            ``"bad_payload"`` (unparsable chunk), or ``"other:<ExceptionName>"``.
+            ``"bad_payload"`` (unparsable chunk), ``"aborted"`` (``[DONE]`` after a
+            finish_reason other than stop/length, e.g. vLLM's ``abort`` at shutdown), or
+            ``"other:<ExceptionName>"``.
         error_detail: short human text for the error (first 300 chars).
         done: True if the stream ended with ``data: [DONE]``.
         ok: the client's own verdict: HTTP 200, no error, ``[DONE]`` seen, a
             finish_reason present. Checks re-derive this strictly (see
             :func:`is_complete`) and never trust it alone.
+        server: which server the request went to: ``"spec"`` (the speculative server) or
+            ``"ref"`` (the non-speculative reference; mirror mode sends the load to both).
+            Records written before this field existed read as ``"spec"``.
+        sampling: the name of the request's sampling class (``load.sampling``, e.g.
+            ``"greedy"``, temperature 0); older records read as ``"greedy"``.
     """
 
     request_id: str
@@ -74,6 +81,8 @@ class RequestRecord:
     error_detail: str | None = None
     done: bool = False
     ok: bool = False
+    server: str = "spec"
+    sampling: str = "greedy"
 
     @property
     def end_time(self) -> float | None:
@@ -118,9 +127,42 @@ def iter_records(path: str | os.PathLike) -> Iterator[RequestRecord]:
                 continue
 
 
+def unreadable_lines(path: str | os.PathLike) -> list[int]:
+    """Line numbers (1-based) of a records file that are not records, a torn last line
+    excepted (a writer killed mid-write): recorded data that was lost, for the judge to
+    report instead of silently skipping."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    bad: list[int] = []
+    lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            RequestRecord.from_dict(json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            bad.append(i)
+    if bad and bad[-1] == len(lines):
+        bad.pop()
+    return bad
+
+
 def read_records(path: str | os.PathLike) -> list[RequestRecord]:
     """All records of a JSONL file (see :func:`iter_records`)."""
     return list(iter_records(path))
+
+
+def is_spec_load(r: RequestRecord) -> bool:
+    """True for a load request sent to the speculative server (``source == "load"`` and
+    ``server == "spec"``): what every check that is not mirror-aware judges, so mirror
+    mode's requests to the reference server change no existing verdict."""
+    return r.source == "load" and r.server == "spec"
+
+
+def is_ref_load(r: RequestRecord) -> bool:
+    """True for a load request mirror mode sent to the reference (plain) server."""
+    return r.source == "load" and r.server == "ref"
 
 
 FINISH_REASONS = ("stop", "length")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["GoodputConfig"]
+__all__ = ["GoodputConfig", "ScrapeConfig"]
 
 
 class GoodputConfig(BaseModel):
@@ -25,3 +25,14 @@ class GoodputConfig(BaseModel):
     def enabled(self) -> bool:
         """At least one limit is set."""
         return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
+
+
+class ScrapeConfig(BaseModel):
+    """The vLLM metrics scraper (:mod:`harness.metrics.scraper`): every server's ``/metrics``
+    every ``interval_s`` seconds (default 0.5: 2 Hz); a scrape slower than ``timeout_s``
+    seconds is recorded as a gap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: float = Field(0.5, gt=0, le=60)
+    timeout_s: float = Field(2.0, gt=0, le=60)

@@ -18,3 +18,83 @@ def sample_total(text: str, name: str) -> float | None:
     """
     values = [s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
     return float(sum(values)) if values else None
+
+
+#: Counters a scrape keeps, as vLLM exposes the samples (with ``_total``): speculative
+#: decoding (drafts, draft tokens, accepted tokens), preemptions, tokens, finished requests.
+COUNTERS = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+)
+#: The per-position accepted-tokens counter (label ``position``: 0 = the first draft token).
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+#: Gauges a scrape keeps: running and waiting requests, KV-cache usage (a fraction, 1 = full;
+#: ``gpu_cache_usage_perc`` is its name before vLLM 0.10) and the API process's start time
+#: (epoch s, prometheus_client's process collector: it changes when the server restarted).
+GAUGES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "process_start_time_seconds",
+)
+#: Histograms a scrape keeps (family names, seconds): vLLM's TTFT, ITL (named
+#: ``time_per_output_token_seconds`` before vLLM 0.10) and E2E request latency.
+HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+)
+
+__all__ += ["COUNTERS", "PER_POSITION", "GAUGES", "HISTOGRAMS", "parse_page"]
+
+
+def parse_page(text: str) -> dict:
+    """The samples of one ``/metrics`` page that speculation health needs, summed over
+    every label set except the ones kept (``engine``, ``model_name``, ``finished_reason``
+    are summed; ``position`` and a histogram's ``le`` are kept).
+
+    Returns:
+        ``{"counters": {sample name: value}, "per_position": {"0": accepted at position 0,
+        ...}, "gauges": {name: value}, "histograms": {family name: {"buckets": {le: count}
+        (cumulative, as exposed; ``le`` as written, e.g. ``"0.02"``, ``"+Inf"``), "sum": s,
+        "count": n}}}`` with only what the page has: a metric the page lacks is absent,
+        never 0. Names from :data:`COUNTERS`, :data:`PER_POSITION`, :data:`GAUGES`,
+        :data:`HISTOGRAMS`.
+
+    Raises:
+        ValueError: ``text`` is not valid Prometheus exposition format.
+    """
+    counters: dict[str, float] = {}
+    per_position: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    histograms: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        hist = histograms.setdefault(family.name, {"buckets": {}, "sum": 0.0, "count": 0.0}) \
+            if family.name in HISTOGRAMS else None
+        for s in family.samples:
+            if s.name in COUNTERS:
+                counters[s.name] = counters.get(s.name, 0.0) + float(s.value)
+            elif s.name == PER_POSITION and "position" in s.labels:
+                pos = s.labels["position"]
+                per_position[pos] = per_position.get(pos, 0.0) + float(s.value)
+            elif s.name in GAUGES:
+                gauges[s.name] = gauges.get(s.name, 0.0) + float(s.value)
+            elif hist is not None:
+                if s.name == family.name + "_bucket" and "le" in s.labels:
+                    le = s.labels["le"]
+                    hist["buckets"][le] = hist["buckets"].get(le, 0.0) + float(s.value)
+                elif s.name == family.name + "_sum":
+                    hist["sum"] += float(s.value)
+                elif s.name == family.name + "_count":
+                    hist["count"] += float(s.value)
+    histograms = {k: v for k, v in histograms.items() if v["buckets"] or v["count"]}
+    return {"counters": counters,
+            "per_position": dict(sorted(per_position.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)),
+            "gauges": gauges, "histograms": histograms}

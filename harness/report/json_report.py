@@ -18,13 +18,21 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
      "checks": [{"name", "category", "passed", "observed", "limit", "detail"}],
      "requests": {"total", "ok", "failed", "client_ok"},
      "integrity": {"compared", "mismatched", "malformed", "false_success",
-                   "first_divergence", "examples"},
+                   "not_comparable" (sampled, not compared), "first_divergence", "examples"},
+     "mirror": {"enabled", "groups": [...]} (speculative vs plain, :mod:`harness.checks.mirror`),
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",
                   "measured_from": float|null},
      "fail_fast": {"in_flight": int, "max_error_latency_s": float},
+     "speculation": {"servers": {name: {"speculative", "phases": {phase: {"acceptance_rate",
+                     "mean_acceptance_length", "per_position_acceptance", ...}}, "windows", ...}}}
+                    (vLLM's /metrics counters; harness.checks.speculation),
+     "server_memory": {"servers": {name: {phase: {"swing", "min", "max"}}}, "gpu_note"}
+                    (harness.checks.server_memory),
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
-     "steady_state": {...}, "generated_at": float}
+     "steady_state": {...}, "generated_at": float,
+     "acceptance_floor": {"source": "client", "num_speculative_tokens", "total", "buckets", "phases", "floors",
+                          "note"} (harness.checks.acceptance_floor.section)}
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from harness.checks.registry import CHECKS
 from harness.checks.run import load_run
 from harness.checks.verdict import verdict
 from harness.clock import now
-from harness.load.records import is_complete
+from harness.load.records import is_complete, unreadable_lines
 from harness.report.json_report import build_report, jsonable
 from harness.timeline import count_restarts, server_events
 
@@ -47,7 +47,7 @@ def _run_errors(run: RecordedRun, errors: list[str], interrupted: bool, skipped:
         detail = (ev.get("detail") or "") if isinstance(ev, dict) else ""
         what = ("its evidence was not collected before the interruption" if interrupted
                 else "left no evidence that it acted")
-        out.append(f"fault {f['fault_id']} ({f['kind']} on {f['target']}) {what}" + (f": {detail}" if detail else ""))
+        out.append(f"fault {f['fault_id']} ({f['kind']} on {f['target']}): {what}" + (f": {detail}" if detail else ""))
     return out
 
 
@@ -81,6 +81,12 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001
             log.exception("check family %s raised", family.name)
             broken.append(f"check family '{family.name}' raised {type(exc).__name__}: {exc}")
+    if run.run_dir is not None:   # recorded data that cannot be read is lost data: never skipped silently
+        for name in ("records.jsonl", "reference.jsonl"):
+            bad = unreadable_lines(run.run_dir / name)
+            if bad:
+                broken.append(f"{name}: {len(bad)} line(s) are not request records (line {', '.join(map(str, bad[:5]))}"
+                              f"{', ...' if len(bad) > 5 else ''}); they were not judged")
     errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken, interrupted, skipped)
     fault_acted = (bool(run.faults) or skipped) and all(f["acted"] for f in run.faults)
     v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted)

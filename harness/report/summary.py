@@ -1,7 +1,10 @@
 """A readable terminal summary of a report (rich tables).
 
 Verdict line, per-phase table (requests, errors, p50/p95 TTFT, TPOT, ITL per chunk, E2E
-in milliseconds, output tokens/s), recovery times, integrity counts, then every check
+in milliseconds, output tokens/s, tokens per engine step = mean acceptance length), the
+client-side acceptance per prompt bucket × sampling class × phase, speculative decoding per server and phase as vLLM's
+``/metrics`` counted it (acceptance rate, mean acceptance length, per-position acceptance)
+with each server's RSS swing, recovery times, integrity counts, then every check
 with PASS/FAIL and observed vs limit, failed first. Reads only the report dict.
 """
 
@@ -64,7 +67,7 @@ def _verdict_line(report: dict[str, Any]) -> Text:
 
 def _phase_table(report: dict[str, Any]) -> Table:
     tab = Table(title="phases (latencies in ms, p50/p95)", title_justify="left")
-    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/chunk", "E2E", "tokens/s", "tok/chunk"):
+    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/chunk", "E2E", "tokens/s", "tok/step"):
         tab.add_column(col, justify="left" if col == "phase" else "right")
     phases = report.get("phases") or {}
     for ph in _PHASES:
@@ -77,10 +80,49 @@ def _phase_table(report: dict[str, Any]) -> Table:
             d = m.get(key) or {}
             return f"{_ms(d.get('p50'))}/{_ms(d.get('p95'))}"
 
-        tps, tpc = m.get("output_tokens_per_s"), m.get("mean_tokens_per_chunk")
+        tps, tpc = m.get("output_tokens_per_s"), _tokens_per_step(report, ph)
         tab.add_row(ph, str(m.get("requests", 0)), str(m.get("errors", 0)), pp("ttft_s"), pp("tpot_s"),
                     pp("itl_s"), pp("e2e_s"), "—" if tps is None else f"{tps:.1f}",
                     "—" if tpc is None else f"{tpc:.2f}")
+    return tab
+
+
+def _tokens_per_step(report: dict[str, Any], phase: str) -> float | None:
+    """Mean acceptance length (tokens per engine step, as vLLM defines it) of a phase, from
+    the client-side acceptance section; None when not measured."""
+    ph = ((report.get("acceptance_floor") or {}).get("phases") or {}).get(phase) or {}
+    return (ph.get("total") or {}).get("mean_acceptance_length")
+
+
+def _acceptance_table(report: dict[str, Any]) -> RenderableType:
+    """Client-side acceptance rate and mean acceptance length per bucket × sampling class × phase."""
+    sec = report.get("acceptance_floor") or {}
+    title = ("speculation, client side (acceptance rate / mean acceptance length in tokens per step, "
+             f"k={sec.get('num_speculative_tokens')})")
+    if not sec.get("phases"):
+        return Text(f"speculation, client side: {sec.get('note') or 'not measured'}", style="dim")
+    tab = Table(title=title, title_justify="left")
+    for col in ("bucket", "sampling", *_PHASES):
+        tab.add_column(col, justify="left" if col in ("bucket", "sampling") else "right")
+    floors = {(r.get("phase"), r.get("bucket"), r.get("sampling")): r for r in sec.get("floors") or []}
+    rows = sorted({(b, s) for ph in sec["phases"].values() for b, cls in (ph.get("buckets") or {}).items() for s in cls})
+    for bucket, cls in rows:
+        cells = []
+        for ph in _PHASES:
+            t = (((sec["phases"].get(ph) or {}).get("buckets") or {}).get(bucket) or {}).get(cls)
+            if not t or t.get("acceptance_rate") is None:
+                cells.append("—")
+                continue
+            f = floors.get((ph, bucket, cls)) or {}
+            mark = "" if not f.get("judged") else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
+            cells.append(f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}")
+        tab.add_row(bucket, cls, *cells)
+    notes = [str(sec["note"])] if sec.get("note") else []
+    for c in sec.get("speculation_changes") or []:
+        notes.append(f"speculative settings changed at {c['t']:.3f}: "
+                     + (f"{c['method']}, k={c['num_speculative_tokens']}" if c.get("method") else "no speculation"))
+    if notes:
+        tab.caption = "; ".join(notes)
     return tab
 
 
@@ -94,11 +136,19 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
         v = rec.get(key)
         tab.add_row(label, "never" if v is None else f"{v:.2f} s")
     integ = report.get("integrity") or {}
-    for key in ("compared", "mismatched", "malformed", "false_success"):
+    for key in ("compared", "mismatched", "malformed", "false_success", "not_comparable"):
         if key in integ:
             tab.add_row(key.replace("_", " "), str(integ[key]))
     if integ.get("first_divergence"):
         tab.add_row("first divergence", str(integ["first_divergence"]))
+    g = report.get("gpu") or {}
+    if g.get("available") is False and g.get("note"):
+        tab.add_row("GPU telemetry", str(g["note"]))
+    elif g.get("available"):
+        tab.add_row("GPU telemetry", f"{len(g.get('gpus') or [])} GPU(s), {g.get('samples')} samples (gpu.jsonl)")
+    gpu_mem_note = (report.get("server_memory") or {}).get("gpu_note")
+    if gpu_mem_note:
+        tab.add_row("GPU memory swing", f"not judged: {gpu_mem_note}")
     return tab
 
 
@@ -115,9 +165,71 @@ def _checks_table(report: dict[str, Any]) -> Table:
     return tab
 
 
+def _mirror_table(report: dict[str, Any]) -> Table | None:
+    """Speculative vs plain (mirror mode): per phase × bucket × sampling class, median
+    TTFT, TPOT and E2E of both servers, TPOT spec ÷ plain, and the speedup."""
+    m = report.get("mirror") or {}
+    if not m.get("enabled"):
+        return None
+    tab = Table(title="speculative vs plain (mirror mode; p50 in ms as spec/plain; TPOT ratio = spec ÷ plain, "
+                      "speedup = plain ÷ spec TPOT)", title_justify="left")
+    for col in ("phase", "bucket", "sampling", "n spec/plain", "TTFT", "TPOT", "E2E", "TPOT ratio", "speedup"):
+        tab.add_column(col, justify="left" if col in ("phase", "bucket", "sampling") else "right")
+    for g in m.get("groups") or []:
+        s, r = g.get("spec") or {}, g.get("ref") or {}
+
+        def sr(key: str) -> str:
+            return f"{_ms((s.get(key) or {}).get('p50'))}/{_ms((r.get(key) or {}).get('p50'))}"
+
+        ratio = (g.get("ratio") or {}).get("tpot_p50")
+        sp = g.get("speedup")
+        tab.add_row(g.get("phase", ""), g.get("bucket", ""), g.get("sampling", ""),
+                    f"{s.get('complete', 0)}/{r.get('complete', 0)}", sr("ttft_s"), sr("tpot_s"), sr("e2e_s"),
+                    "—" if ratio is None else f"{ratio:.2f}", "—" if sp is None else f"{sp:.2f}×",
+                    style=None if g.get("judged") else "dim")
+    return tab
+
+
+def _pct(v: Any) -> str:
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _speculation_table(report: dict[str, Any]) -> Table | None:
+    """Per server and phase, speculative decoding as vLLM's /metrics counted it (acceptance
+    rate, mean acceptance length, per-position acceptance) and the server's RSS swing."""
+    spec = report.get("speculation") or {}
+    mem = (report.get("server_memory") or {}).get("servers") or {}
+    servers = spec.get("servers") or {}
+    if not servers:
+        return None
+    tab = Table(title="speculative decoding (vLLM /metrics; server memory)", title_justify="left")
+    for col in ("server", "phase", "acceptance rate", "mean acceptance length", "per-position acceptance",
+                "draft tokens", "gaps/restarts", "RSS swing"):
+        tab.add_column(col, justify="left" if col in ("server", "phase", "per-position acceptance") else "right")
+    for name, sv in servers.items():
+        for ph in _PHASES:
+            m = (sv.get("phases") or {}).get(ph)
+            if m is None:
+                continue
+            if not sv.get("speculative"):
+                rate, length, pos, tokens = "—", "—", "no speculation", "—"
+            else:
+                mal = m.get("mean_acceptance_length")
+                rate, length = _pct(m.get("acceptance_rate")), "—" if mal is None else f"{mal:.2f}"
+                pos = " ".join(f"{v:.2f}" for v in m.get("per_position_acceptance") or []) or "—"
+                tokens = f"{m.get('draft_tokens', 0):.0f}"
+            sw = ((mem.get(name) or {}).get(ph) or {}).get("swing")
+            tab.add_row(name, ph, rate, length, pos, tokens, f"{m.get('gaps', 0)}/{m.get('resets', 0)}", _pct(sw))
+    return tab
+
+
 def render_summary(report: dict[str, Any]) -> RenderableType:
     """The summary of a report as one rich renderable (a :class:`rich.console.Group`)."""
-    return Group(_verdict_line(report), _phase_table(report), _recovery_integrity(report), _checks_table(report))
+    parts: list[RenderableType] = [_verdict_line(report), _phase_table(report), _acceptance_table(report)]
+    for optional in (_speculation_table(report), _mirror_table(report)):
+        if optional is not None:
+            parts.append(optional)
+    return Group(*parts, _recovery_integrity(report), _checks_table(report))
 
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:

@@ -3,34 +3,30 @@
 What to start (a speculative server and an optional non-speculative reference on one
 target), where (loopback host and ports) and how to supervise it. Validated with
 pydantic; unknown fields are errors. Durations are seconds (``*_s``), sizes GiB
-(``*_gib``). The rule "which methods need a draft model" is :func:`needs_draft`, used by
-validation and by every launcher.
+(``*_gib``). The speculative settings' rules (which methods need a draft model, which
+refuse one, ngram's prompt lookup window) are :func:`harness.stack.vllm.speculative_problems`,
+used by validation here (each problem at its field) and by
+:func:`harness.stack.vllm.speculative_config`, which every launcher calls.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from harness.errors import SpecchaosError
 from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.stack.breaker import BreakerConfig
 from harness.stack.launchers import launcher_class, launcher_names
-from harness.stack.vllm import HARNESS_FLAGS
+from harness.stack.vllm import (DRAFTLESS_METHODS, HARNESS_FLAGS, METHODS, NGRAM_PROMPT_LOOKUP, needs_draft,
+                                speculative_problems)
 
-__all__ = ["METHODS", "DRAFTLESS_METHODS", "needs_draft", "RestartPolicy", "StackConfig"]
+__all__ = ["METHODS", "DRAFTLESS_METHODS", "NGRAM_PROMPT_LOOKUP", "DEFAULT_DRAFT", "needs_draft", "RestartPolicy",
+           "StackConfig"]
 
-#: Speculative methods a stack may declare (vLLM's ``--speculative-config`` ``method``).
-METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp")
-#: Methods that draft without a separate draft model: ``ngram`` looks tokens up in the
-#: prompt, ``mtp`` uses the target's own multi-token-prediction heads.
-DRAFTLESS_METHODS = ("ngram", "mtp")
-
-
-def needs_draft(method: str) -> bool:
-    """Whether speculative ``method`` needs a draft model directory (``stack.draft``):
-    every method but :data:`DRAFTLESS_METHODS` (``draft_model``, ``eagle``, ``eagle3``)."""
-    return method not in DRAFTLESS_METHODS
+#: The draft of a method that needs one when ``stack.draft`` is not given.
+DEFAULT_DRAFT = "draft-exact"
 
 
 class _Strict(BaseModel):
@@ -55,9 +51,16 @@ class StackConfig(_Strict):
     launcher: str = "local"
     models_dir: str = "models"
     target: str = "target"
-    draft: str | None = "draft-exact"
     method: Literal["draft_model", "ngram", "eagle", "eagle3", "mtp"] = "draft_model"
+    #: The draft model (a directory, or a name in ``models_dir``). Not given: ``draft-exact``
+    #: for a method that needs one (``draft_model``, ``eagle``, ``eagle3``), none for
+    #: ``ngram`` and ``mtp``; given with those two it is an error (vLLM would ignore it).
+    draft: str | None = None
     num_speculative_tokens: int = Field(4, ge=1, le=16)
+    #: ``ngram`` only: the prompt lookup window in tokens (vLLM's ``prompt_lookup_min`` /
+    #: ``prompt_lookup_max``), 1 <= min <= max; not given: 2 and 4 (``NGRAM_PROMPT_LOOKUP``).
+    prompt_lookup_min: int | None = Field(None, ge=1)
+    prompt_lookup_max: int | None = Field(None, ge=1, validate_default=True)   # checked against min when not given
     reference: bool = True
     host: str = "127.0.0.1"
     spec_port: int = Field(0, ge=0, le=65535)
@@ -65,6 +68,10 @@ class StackConfig(_Strict):
     max_model_len: int = Field(1024, ge=64)
     max_num_seqs: int = Field(16, ge=1)
     kv_cache_gib: float = Field(1.0, gt=0)
+    #: The KV cache's size in blocks (vLLM's ``--num-gpu-blocks-override``; applies to both
+    #: servers): a small cache makes long prompts at high concurrency preempt (KV-cache
+    #: pressure). vLLM refuses to start when it cannot hold one ``max_model_len`` sequence.
+    kv_cache_blocks: int | None = Field(None, ge=1)
     enforce_eager: bool = True
     #: float32 by default: the tiny CPU models have many near-ties between top logits, and in
     #: bfloat16 the speculative verification (k+1 positions in one pass) rounds differently
@@ -76,6 +83,36 @@ class StackConfig(_Strict):
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout_s: float = Field(300.0, gt=0)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    #: The speculation circuit breaker (:mod:`harness.stack.breaker`), off by default.
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_draft(cls, data: Any) -> Any:
+        """``draft`` not given: ``draft-exact`` where the method needs a draft, else none."""
+        if isinstance(data, dict) and "draft" not in data:
+            method = data.get("method", "draft_model")
+            if isinstance(method, str) and method in METHODS and needs_draft(method):
+                data = dict(data, draft=DEFAULT_DRAFT)
+        return data
+
+    @field_validator("draft", "prompt_lookup_min", "prompt_lookup_max")
+    @classmethod
+    def _speculative_rules(cls, v: Any, info: ValidationInfo) -> Any:
+        method = info.data.get("method")
+        if method is None:   # the method itself was invalid: reported there
+            return v
+        settings = {"draft": info.data.get("draft"), "prompt_lookup_min": info.data.get("prompt_lookup_min"),
+                    "prompt_lookup_max": info.data.get("prompt_lookup_max"), info.field_name: v}
+        if info.field_name == "prompt_lookup_min":
+            settings["prompt_lookup_max"] = None   # not validated yet: judged at its own field
+        for field, message in speculative_problems(method, **settings):
+            if field != info.field_name:
+                continue
+            if (info.context or {}).get("recorded") and field == "draft" and not needs_draft(method):
+                return None   # a run saved before drafts were refused with ngram/mtp: it ran without one
+            raise ValueError(message)
+        return v
 
     @field_validator("host")
     @classmethod
@@ -112,7 +149,4 @@ class StackConfig(_Strict):
     def _rules(self) -> "StackConfig":
         if self.reference and self.spec_port and self.spec_port == self.ref_port:
             raise ValueError(f"spec_port and ref_port are both {self.spec_port}: use two ports (or 0 for a free one)")
-        if needs_draft(self.method) and not self.draft:
-            raise ValueError(f"method {self.method} needs a draft model: set stack.draft "
-                             f"(e.g. draft-exact), or use a method without one ({', '.join(DRAFTLESS_METHODS)})")
         return self

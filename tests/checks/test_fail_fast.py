@@ -54,3 +54,26 @@ def test_nothing_in_flight_fails_with_clear_detail():
     checks = fail_fast_checks([make_record(send_time=990.0), make_record(send_time=1001.0)], FAULT, FF)
     assert len(checks) == 2 and not any(c.passed for c in checks)
     assert all("nothing to judge" in c.detail for c in checks)
+
+
+def test_with_several_faults_fail_fast_is_judged_at_the_kill():
+    """A hog (damage while active) injected first, a worker kill 10 s later: the requests
+    that must fail fast are those in flight at the kill, not at the hog's start."""
+    from harness.checks import fail_fast
+    from harness.checks.run import recorded_run
+    from harness.experiment.config import SpecchaosConfig
+    from tests.factories import ev
+
+    KILL = 1010.0
+    events = [ev(FAULT, "fault_injected", source="fault", fault_id="h", kind="memory-hog", target="host",
+                 recovery_from="cleared"),
+              ev(KILL, "fault_injected", source="fault", fault_id="k", kind="process-kill", target="spec/worker",
+                 recovery_from="injected")]
+    hung_at_kill = fail(send_time=KILL - 0.1, after_s=None)          # never ended: hung at the kill
+    run = recorded_run([make_record(send_time=999.9, ttft=0.05), hung_at_kill], [], events, SpecchaosConfig())
+    assert fail_fast.judged_at(run) == KILL
+    c = by_name(fail_fast.check(run))
+    assert not c["fail_fast.hung"].passed and c["fail_fast.hung"].observed == 1
+    assert fail_fast.section(run)["judged_at"] == KILL and fail_fast.section(run)["in_flight"] == 1
+    only_hog = recorded_run([make_record(send_time=999.9, ttft=0.05)], [], events[:1], SpecchaosConfig())
+    assert fail_fast.judged_at(only_hog) == FAULT

@@ -128,3 +128,20 @@ def test_zero_baseline_ratio():
     phases["after"] = phase(tpot=0.01)
     c = by_name(slo_checks(copy.deepcopy(phases), SLO, DEG))["degradation.after_vs_baseline.tpot_p95_ratio"]
     assert not c.passed and c.observed is None
+
+
+def test_fault_phase_degradation_is_judged_only_when_its_limit_is_set():
+    phases = healthy()
+    phases["fault"] = phase(ttft=0.3, e2e=1.4)                     # jitter: 1.5x TTFT, 1.4x E2E
+    names = by_name(slo_checks(phases, SLO, DEG))
+    assert not any(n.startswith("degradation.fault_vs_baseline.") for n in names)
+    bounded = DegradationConfig(fault_vs_baseline_max_ratio=1.6, after_vs_baseline_max_ratio=1.5)
+    c = by_name(slo_checks(phases, SLO, bounded))
+    assert all(c[f"degradation.fault_vs_baseline.{m}_p95_ratio"].passed for m in ("ttft", "tpot", "e2e"))
+    assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].observed == pytest.approx(1.5)
+    phases["fault"] = phase(ttft=0.9)                              # a known defect: 4.5x TTFT
+    bad = by_name(slo_checks(phases, SLO, bounded))["degradation.fault_vs_baseline.ttft_p95_ratio"]
+    assert not bad.passed and bad.observed == pytest.approx(4.5) and "fault/baseline p95 TTFT" in bad.detail
+    del phases["fault"]
+    gone = by_name(slo_checks(phases, SLO, bounded))["degradation.fault_vs_baseline.e2e_p95_ratio"]
+    assert not gone.passed and "no data in fault" in gone.detail

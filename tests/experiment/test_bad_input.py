@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.experiment.files import experiment_doc, write
 from tests.procs import sut_pids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,15 +25,7 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def doc() -> dict:
-    d = yaml.safe_load(EXPERIMENT.read_text())
-    d["configuration"]["specchaos"]["stack"]["models_dir"] = str(ROOT / "models")
-    return d
-
-
-def write(tmp: Path, d: dict | str, name="exp.yaml") -> Path:
-    p = tmp / name
-    p.write_text(d if isinstance(d, str) else yaml.safe_dump(d, sort_keys=False))
-    return p
+    return experiment_doc(EXPERIMENT.name)
 
 
 def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:
@@ -52,12 +44,6 @@ def no_new_processes():
     before = sut_pids()
     yield
     assert sut_pids() - before == set(), "bad input must not start anything"
-
-
-@pytest.fixture
-def models_built():
-    if not (ROOT / "models" / "manifest.json").exists():
-        pytest.skip("models not built (make test builds them)")
 
 
 def test_missing_file(tmp_path, no_new_processes):
@@ -245,3 +231,77 @@ def test_extra_args_may_not_move_the_server_off_loopback(tmp_path, no_new_proces
     d["configuration"]["specchaos"]["stack"]["extra_args"] = ["--host", "0.0.0.0"]
     assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos.stack.extra_args",
                           "--host is set by the harness")
+
+
+@pytest.mark.parametrize("mangle, needles", [
+    (lambda d: d["configuration"].update(specchoas=d["configuration"].pop("specchaos")),
+     ["configuration.specchaos", "missing", "configuration.specchoas a misspelling"]),
+    (lambda d: d.pop("configuration"), ["configuration.specchaos", "missing"]),
+])
+def test_a_missing_or_misspelled_specchaos_block_is_refused(tmp_path, models_built, mangle, needles):
+    """Without configuration.specchaos every limit would silently be a built-in default."""
+    d = doc()
+    mangle(d)
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, *needles)
+
+
+@pytest.mark.parametrize("duration, needle", [
+    (float("inf"), "finite number"), (True, "valid number"), ("10", "valid number"), (-1, "greater than or equal to 0"),
+])
+def test_a_fault_duration_must_be_a_finite_number(tmp_path, models_built, duration, needle):
+    d = doc()
+    d["method"][0]["provider"]["arguments"]["duration_s"] = duration
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "method[0].provider.arguments.duration_s", needle)
+
+
+def test_the_load_outlasts_the_method():
+    from harness.experiment.validate import method_hold_s
+
+    d = doc()
+    d["method"][0]["provider"]["arguments"]["duration_s"] = 600
+    d["method"][0]["pauses"] = {"before": 5, "after": 2.5}
+    assert method_hold_s(d) == 607.5
+
+
+def test_buckets_out_of_order(tmp_path, no_new_processes):
+    d = doc()
+    load = d["configuration"]["specchaos"]["load"]
+    for k in ("short_prompts", "medium_prompts", "long_prompts"):
+        load.pop(k)
+    load["buckets"] = [{"name": "long", "min_prompt_tokens": 400, "max_prompt_tokens": 500, "count": 2},
+                       {"name": "short", "min_prompt_tokens": 16, "max_prompt_tokens": 60, "count": 4}]
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "configuration.specchaos.load.buckets", "increasing order without overlap",
+                          "[1] short (16..60 tokens)")
+    assert not (tmp_path / "o" / "records.jsonl").exists()
+
+
+def test_mirror_without_the_reference_server(tmp_path, no_new_processes):
+    d = doc()
+    spec = d["configuration"]["specchaos"]
+    spec["stack"]["reference"] = False
+    spec["integrity"]["min_compared"] = 0
+    spec["load"]["mirror"] = True
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos", "load.mirror needs the reference server")
+
+
+def test_sampling_class_with_top_p_out_of_range(tmp_path, no_new_processes):
+    d = doc()
+    d["configuration"]["specchaos"]["load"]["sampling"] = [{"name": "greedy"}, {"name": "hot", "temperature": 1.0,
+                                                                                 "top_p": 1.5}]
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.load.sampling.1.top_p")
+@pytest.mark.parametrize("block,field,value", [
+    ("speculation", "collapse_max_drop", 1.5),
+    ("speculation", "window_s", 0),
+    ("server_memory", "max_rss_swing", -0.1),
+    ("scrape", "interval_s", 0),
+])
+def test_bad_speculation_memory_and_scrape_limits(tmp_path, no_new_processes, models_built, block, field, value):
+    d = doc()
+    d["configuration"]["specchaos"][block] = {field: value}
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, f"configuration.specchaos.{block}.{field}")

@@ -5,42 +5,20 @@ as vLLM's), and one run on the real stack."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
-import yaml
 
 from tests.experiment.fast_e2e import run_fast
+from tests.experiment.files import EXPERIMENTS, experiment_doc, run_cli, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli
 from tests.procs import leaked_since, sut_pids
 
-ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENT = ROOT / "experiments" / "freeze-engine.yaml"
-MODELS = ROOT / "models"
-
-
-@pytest.fixture
-def models_built():
-    if not (MODELS / "manifest.json").exists():
-        pytest.skip("models not built (make test builds them)")
+EXPERIMENT = EXPERIMENTS / "freeze-engine.yaml"
 
 
 def freeze_doc(**arguments) -> dict:
-    d = yaml.safe_load(EXPERIMENT.read_text())
-    d["configuration"]["specchaos"]["stack"]["models_dir"] = str(MODELS)
+    d = experiment_doc(EXPERIMENT.name)
     d["method"][0]["provider"]["arguments"].update(arguments)
     return d
-
-
-def write(tmp: Path, d: dict) -> Path:
-    p = tmp / "freeze.yaml"
-    p.write_text(yaml.safe_dump(d, sort_keys=False))
-    return p
 
 
 # ------------------------------------------------------------------ bad input
@@ -103,11 +81,7 @@ def test_freeze_engine_experiment_on_the_real_stack(tmp_path):
     exp = write(tmp_path, d)
     out = tmp_path / "out"
     before = sut_pids()
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(exp), "--out", str(out)], cwd=ROOT,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True, timeout=840)
-    print(proc.stdout[-6000:], f"\nfreeze experiment wall time: {time.monotonic() - t0:.0f} s")
-    rep = json.loads((out / "report.json").read_text())
+    proc, rep = run_cli(exp, out)
     checks = {c["name"]: c for c in rep["checks"]}
     failed = [n for n, c in checks.items() if not c["passed"]]
     assert proc.returncode == 1 and rep["verdict"] == "fail", (rep["errors"], failed)

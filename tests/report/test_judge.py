@@ -41,7 +41,7 @@ def load_records(back_at=1045.0):
         elif FAULT <= t < back_at:
             recs.append(fail(send_time=t, after_s=0.01, status=None, error="connect", prompt_id=pid))
         else:
-            recs.append(make_record(send_time=t, prompt_id=pid, chunk_tokens=[1, 2, 1]))
+            recs.append(make_record(send_time=t, prompt_id=pid, chunk_tokens=[1, 5, 2]))   # k=4: one full step
         t = round(t + 0.25, 6)
         k += 1
     return recs
@@ -246,3 +246,13 @@ def test_the_verdict_is_computed_once_by_the_judge(tmp_path):
     assert rep["verdict"] == "pass"
     rep = judge_run(write_run(tmp_path / "run2", events=timeline(evidence=False)), cfg(), META)
     assert rep["verdict"] == "error"
+
+
+def test_a_record_that_cannot_be_read_is_a_run_error_not_a_silent_skip(tmp_path):
+    d = write_run(tmp_path / "run")
+    lines = (d / "records.jsonl").read_text().splitlines()
+    lines[3] = '{"broken": '
+    (d / "records.jsonl").write_text("\n".join(lines) + "\n" + '{"torn last li')   # a torn last line is fine
+    rep = judge_run(d, cfg(), META)
+    assert rep["verdict"] == "error"
+    assert rep["errors"] == ["records.jsonl: 1 line(s) are not request records (line 4); they were not judged"]

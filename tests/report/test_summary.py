@@ -65,3 +65,20 @@ def test_print_summary_to_a_console():
     buf = io.StringIO()
     print_summary(REPORT, Console(file=buf, width=160, color_system=None))
     assert "recovery.time_to_slo_s" in buf.getvalue()
+
+
+def test_summary_shows_speculation_in_vllm_words_and_memory_swing():
+    rep = dict(REPORT)
+    rep["speculation"] = {"servers": {
+        "spec": {"speculative": True, "phases": {"baseline": {
+            "acceptance_rate": 0.994, "mean_acceptance_length": 4.976, "per_position_acceptance": [1.0, 0.99, 0.98, 0.97],
+            "draft_tokens": 14852.0, "gaps": 0, "resets": 0}}},
+        "ref": {"speculative": False, "phases": {"baseline": {"acceptance_rate": None, "gaps": 0, "resets": 0}}}}}
+    rep["server_memory"] = {"gpu_note": "no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)",
+                            "servers": {"spec": {"baseline": {"swing": 0.0675}}}}
+    text = render(rep)
+    for s in ("acceptance rate", "mean acceptance length", "per-position acceptance", "99.4%", "4.98",
+              "1.00 0.99 0.98 0.97", "14852", "6.8%", "no speculation", "GPU memory swing",
+              "not judged: no NVIDIA GPU on this host"):
+        assert s in text, s
+    assert "speculative decoding" not in render(REPORT)      # nothing scraped: no table

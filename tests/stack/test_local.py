@@ -18,6 +18,7 @@ from harness.errors import StackError
 from harness.stack.config import StackConfig
 from harness.stack import procs
 from harness.stack.local import LocalServer, LocalStack
+from harness.stack.ports import free_ports
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
@@ -139,6 +140,31 @@ def test_bind_failure_is_a_start_error_and_leaves_nothing(real_stack, tmp_path):
     assert ei.value.where == str(tmp_path / "busy-server.log")
     assert procs.group_members(pgid) == []
     assert s.restarts == []
+
+
+def test_a_kv_cache_too_small_is_refused_at_start_with_vllms_error(real_stack, tmp_path):
+    """Starting under memory pressure ends started or refused, never hung: a KV cache of 4
+    blocks (512 tokens) cannot hold one 1,024-token sequence, and vLLM refuses to start;
+    the start error carries vLLM's own reason, within the startup time of a server."""
+    ref = real_stack.stack.servers["ref"]
+    s = LocalServer("small-kv", ref.model_dir, port=free_ports("127.0.0.1", 1)[0], kv_cache_blocks=4,
+                    max_model_len=1024, dtype="float32", log_path=tmp_path / "small-kv-server.log",
+                    startup_timeout_s=300)
+    t0 = time.monotonic()
+    try:
+        s.start()
+        pgid = s._popen.pid
+        with pytest.raises(StackError) as ei:
+            s.wait_ready()
+    finally:
+        s.stop()
+    took = time.monotonic() - t0
+    msg = ei.value.message
+    print(f"\n[measure] a 4-block KV cache was refused after {took:.1f} s: {msg}")
+    assert msg.startswith("server small-kv exited during startup"), msg
+    assert "max seq len (1024)" in msg and "KV cache" in msg, msg     # vLLM's own reason, not "see above"
+    assert took < 240
+    assert procs.group_members(pgid) == [] and s.restarts == []
 
 
 def test_worker_kill_is_restarted_by_the_supervisor(real_stack):

@@ -1,4 +1,5 @@
-"""Tiny model build: determinism, completeness detection, rebuild, resolution errors."""
+"""Tiny model build: determinism, completeness detection, rebuild, resolution errors, the
+calibrated drafts (acceptance measured by simulation) and the wrong-vocabulary draft."""
 
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ def built(tmp_path_factory) -> Path:
     return d
 
 
-def test_build_writes_three_models_and_manifest(built: Path):
+def test_build_writes_every_model_and_manifest(built: Path):
     manifest = json.loads((built / "manifest.json").read_text())
     assert manifest["format_version"] == M.FORMAT_VERSION
     assert set(manifest["models"]) == set(M.MODEL_NAMES)
+    assert {"draft-acc80", "draft-acc50", "draft-acc20", "draft-wrongvocab"} <= set(M.MODEL_NAMES)
     for name in M.MODEL_NAMES:
         files = set(manifest["models"][name]["files"])
         assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
@@ -64,13 +66,97 @@ def test_drafts_exact_and_noisy(built: Path):
     w = "model.layers.0.mlp.up_proj.weight"
     rel = float((n[w].float() - t[w].float()).std() / t[w].float().std())
     assert 0.4 < rel < 0.6
-    for name in M.MODEL_NAMES[1:]:
+    for name in M.DRAFT_NAMES:
         assert (built / name / "tokenizer.json").read_bytes() == (built / "target" / "tokenizer.json").read_bytes()
+        assert (built / name / "config.json").read_bytes() == (built / "target" / "config.json").read_bytes()
 
 
-def test_build_is_deterministic(built: Path, tmp_path: Path):
+def test_calibrated_drafts_hit_their_acceptance_rates(built: Path):
+    """The manifest records, per draft, the acceptance rate measured at build time (greedy,
+    k = 4); each calibrated draft lands within the tolerance of its aim, more noise means
+    less acceptance, and the figure is reproduced from the saved files."""
+    manifest = json.loads((built / "manifest.json").read_text())
+    models = manifest["models"]
+    assert manifest["calibration"]["num_speculative_tokens"] == M.CALIBRATION_K == 4
+    assert models["draft-exact"]["acceptance"] == {"rate": 1.0, "noise_fraction": 0.0}
+    assert models["draft-noisy"]["acceptance"]["rate"] < 0.05
+    fractions = []
+    for name, aim in M.CALIBRATED_DRAFTS.items():
+        acc = models[name]["acceptance"]
+        assert acc["aim"] == aim
+        assert abs(acc["rate"] - aim) <= M.CALIBRATION_TOLERANCE, (name, acc)
+        assert M.read_acceptance(built, name) == acc["rate"]
+        fractions.append(acc["noise_fraction"])
+        assert f"{acc['noise_fraction']:g} x std" in models[name]["description"]
+    assert 0 < fractions[0] < fractions[1] < fractions[2] < M.NOISE_FRACTION
+    assert M.measure_acceptance(built, "draft-acc50") == models["draft-acc50"]["acceptance"]["rate"]
+    assert M.read_acceptance(built, "target") is None and M.read_acceptance(built / "nope", "draft-acc50") is None
+
+
+def test_wrong_vocab_draft_has_its_own_smaller_vocabulary(built: Path):
+    from transformers import AutoTokenizer
+
+    target = json.loads((built / "target" / "config.json").read_text())
+    wrong = json.loads((built / "draft-wrongvocab" / "config.json").read_text())
+    assert wrong["vocab_size"] == M.WRONG_VOCAB_SIZE != target["vocab_size"]
+    assert {k: v for k, v in wrong.items() if k != "vocab_size"} == {k: v for k, v in target.items() if k != "vocab_size"}
+    tok = AutoTokenizer.from_pretrained(built / "draft-wrongvocab")
+    assert len(tok) == wrong["vocab_size"]
+    assert tok("The quick server").input_ids != AutoTokenizer.from_pretrained(built / "target")("The quick server").input_ids
+    entry = json.loads((built / "manifest.json").read_text())["models"]["draft-wrongvocab"]
+    assert entry["vocab_size"] == M.WRONG_VOCAB_SIZE and "acceptance" not in entry
+    with pytest.raises(ModelError, match="vocab_size 1024 differs"):
+        M.measure_acceptance(built, "draft-wrongvocab")
+
+
+@pytest.mark.parametrize("hit, accepted, proposed", [
+    ([True] * 40, 28, 28),          # 32 tokens: prefill + 7 steps of 1 + 4 accepted (the last one past the end)
+    ([False] * 40, 0, 124),         # 31 steps, each 4 proposed, none accepted
+    ([True, True, False] * 14, 21, 44),
+    ([], 0, 124),                   # too short: read as misses
+])
+def test_greedy_acceptance_counts_steps_like_vllm(hit, accepted, proposed):
+    assert M.greedy_acceptance(hit, 32, 4) == (accepted, proposed)
+
+
+def test_bisection_lands_within_tolerance_of_the_aim():
+    calls = []
+
+    def rate_at(f: float) -> float:   # falls with noise, like a draft's acceptance
+        calls.append(f)
+        return 1.0 / (1.0 + 60 * f)
+
+    for aim in (0.8, 0.5, 0.2):
+        calls.clear()
+        f, rate = M._bisect_noise(rate_at, aim)
+        assert abs(rate - aim) <= M.CALIBRATION_TOLERANCE and rate == rate_at(f)
+        assert len(calls) <= M.CALIBRATION_STEPS + 1
+
+
+def test_calibration_prompts_are_fixed():
+    assert M.calibration_prompts() == M.calibration_prompts()
+    assert len(M.calibration_prompts()) == M.CALIBRATION_PROMPTS
+
+
+def test_build_is_deterministic(built: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(M, "_CALIBRATION_MEMO", {})   # measure again, do not reuse
     M.build_models(tmp_path, force=True)
     assert _tree(tmp_path) == _tree(built)
+
+
+def test_a_manifest_of_the_three_model_version_is_rebuilt(built: Path, tmp_path: Path):
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(built, d)
+    manifest = json.loads((d / "manifest.json").read_text())
+    for name in ("draft-acc80", "draft-acc50", "draft-acc20", "draft-wrongvocab"):
+        del manifest["models"][name]
+        shutil.rmtree(d / name)
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    assert "manifest.json: model 'draft-acc80' not listed" in M.verify_models(d)
+    M.build_models(d)
+    assert M.verify_models(d) == [] and _tree(d) == _tree(built)
 
 
 def test_skip_when_verified(built: Path, monkeypatch):
@@ -135,7 +221,21 @@ def test_resolve_model_missing(tmp_path: Path):
     with pytest.raises(ModelError) as ei:
         M.resolve_model(tmp_path, "target")
     assert ei.value.where == str(tmp_path / "target")
-    assert ei.value.hint == f"run `specchaos models build --dir {tmp_path}`"
+    assert ei.value.hint == f"run `specchaos models build --dir {tmp_path}`, which builds target"
+
+
+@pytest.mark.parametrize("name", ["draft-acc20", "draft-wrongvocab"])
+def test_a_missing_new_draft_is_named_with_how_to_build_it(tmp_path: Path, name: str):
+    with pytest.raises(ModelError) as ei:
+        M.resolve_model(tmp_path, name)
+    assert ei.value.message == f"model {name!r} not found"
+    assert ei.value.hint == f"run `specchaos models build --dir {tmp_path}`, which builds {name}"
+
+
+def test_an_unknown_model_name_lists_the_models_a_build_makes(tmp_path: Path):
+    with pytest.raises(ModelError) as ei:
+        M.resolve_model(tmp_path, "draft-acc90")
+    assert "it builds target, draft-exact, draft-noisy, draft-acc80, draft-acc50, draft-acc20, draft-wrongvocab" in ei.value.hint
 
 
 def test_resolve_model_without_config(tmp_path: Path):

@@ -37,6 +37,7 @@ def make_server(fake_server):
     worker outlive their parent (``--orphans``); stopped at teardown."""
 
     def make(name="spec", fake_args=(), **kw):
+        kw.setdefault("orphan_grace_s", 0.3)   # these orphans are expected: do not wait for them
         return fake_server(name, ["--orphans", *fake_args], **kw)
 
     return make
@@ -132,12 +133,12 @@ def test_unexpected_exits_restart_with_backoff_then_give_up(make_server):
     names = [(e["event"], e.get("incarnation"), e.get("expected")) for e in events(s)]
     assert names == [
         ("server_started", 0, None), ("server_ready", 0, None),
-        ("server_exited", 0, False), ("server_restarting", None, None), ("server_started", 1, None),
-        ("server_ready", 1, None),
-        ("server_exited", 1, False), ("server_restarting", None, None), ("server_started", 2, None),
-        ("server_ready", 2, None),
-        ("server_exited", 2, False), ("server_gave_up", None, None),
-    ]
+        ("server_exited", 0, False), ("server_orphans", 0, False), ("server_restarting", None, None),
+        ("server_started", 1, None), ("server_ready", 1, None),
+        ("server_exited", 1, False), ("server_orphans", 1, False), ("server_restarting", None, None),
+        ("server_started", 2, None), ("server_ready", 2, None),
+        ("server_exited", 2, False), ("server_orphans", 2, False), ("server_gave_up", None, None),
+    ]   # --orphans: each exit leaves its engine and worker behind, reported, then killed
     restarting = events(s, "server_restarting")
     assert [(e["attempt"], e["backoff_s"]) for e in restarting] == [(1, 0.2), (2, 0.3)]  # doubled, capped
     exited, started = events(s, "server_exited"), events(s, "server_started")
@@ -287,6 +288,29 @@ def test_last_meaningful_line(tmp_path):
         "  warnings.warn('resource_tracker')\n\n"
     )
     assert last_meaningful_line(log) == "OSError: [Errno 98] Address already in use"
+    log.write_text(   # vLLM's refused start: the root cause, not the pointer to it
+        "(EngineCore pid=1) ERROR [core.py:1510] ValueError: To serve at least one request with the model's "
+        "max seq len (1024), (0.0 GiB KV cache is needed\n"
+        "ValueError: To serve at least one request with the model's max seq len (1024)\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/vllm/v1/engine/utils.py", line 1099, in wait_for_engine_startup\n'
+        "    raise RuntimeError(\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    assert last_meaningful_line(log) == "ValueError: To serve at least one request with the model's max seq len (1024)"
+    log.write_text(   # vLLM refuses a speculative config (pydantic): its reason, not pydantic's footer
+        '    return SpeculativeConfig(**self.speculative_config)\n'
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n"
+        "  Value error, Target and draft model should have the same vocabulary size. Target model "
+        "vocab_size=2095. Draft model vocab_size=1024. Using models with different tokenizers can cause "
+        "out-of-bounds errors during speculative decoding. [type=value_error, input_value=ArgsKwargs((), "
+        "{'method':...very_timeout_sec=120))}), input_type=ArgsKwargs]\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n")
+    assert last_meaningful_line(log) == (
+        "Value error, Target and draft model should have the same vocabulary size. Target model vocab_size=2095. "
+        "Draft model vocab_size=1024. Using models with different tokenizers can cause out-of-bounds errors "
+        "during speculative decoding.")
+    log.write_text("RuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert last_meaningful_line(log).startswith("RuntimeError: Engine core initialization failed")
     log.write_text("INFO a\nINFO b\n")
     assert last_meaningful_line(log) == "INFO b"
     assert last_meaningful_line(tmp_path / "missing") == ""
