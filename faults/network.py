@@ -1,0 +1,506 @@
+"""Fault family ``network``: a toxic (toxiproxy's semantics, :mod:`faults.toxics`) on the
+load's path to one server, through a fault proxy.
+
+Where: when an experiment declares a ``network`` fault, :meth:`Network.prepare` (after
+the stack started, before the load starts) puts a proxy between the load and the server
+and points ``ctx.load_urls[server]`` at it; without a network fault there is no proxy.
+The load (locust, its own process) reaches the proxy over loopback TCP.
+
+Backends (argument ``backend``):
+
+* ``proxy`` (default): :mod:`faults.proxy` as its own process, registered in the run state
+  (role ``proxy``) so ``specchaos cleanup`` and the watchdog end it after a crash like any
+  server, started to die with the harness (``PR_SET_PDEATHSIG``). Why a process and not a
+  task of the harness: it survives nothing it should not (registered, dies with the
+  harness), it does not share the harness's GIL with the health sampler and the runner,
+  and the load reaches it over TCP anyway.
+* ``toxiproxy``: a real toxiproxy server at ``toxiproxy_url`` (loopback), through its HTTP
+  API as the Chaos Toolkit toxiproxy extension drives it (``POST /proxies`` with
+  ``name``/``listen``/``upstream``/``enabled``, ``POST /proxies/{name}/toxics`` with
+  ``name``/``type``/``stream``/``toxicity``/``attributes``, ``DELETE`` both). Evidence there
+  is the added latency of ``GET /health`` through the proxy against direct (toxiproxy
+  measures nothing itself), so only ``latency`` is measurable.
+* ``netem``: ``tc qdisc ... netem``; refused at validate time where the kernel lacks
+  ``sch_netem`` (these machines: one line, exit 2).
+
+Inject adds the toxic at run time (connections stay open); clear removes it (idempotent);
+release ends the proxy. Every random draw of the proxy comes from ``seed`` (see
+:func:`faults.toxics.connection_rng`).
+
+Evidence (measured by the proxy, never "applied"), from its ``/stats`` since injection:
+``latency``: affected chunks whose arrival→written delay averages at least half the
+toxic's latency; ``bandwidth``/``slicer``: affected chunks (and pieces written);
+``timeout``: bytes dropped; ``limit_data``: bytes cut or connections closed;
+``reset_peer``: connections reset; ``corrupt``: SSE events corrupted (with what was done).
+
+Example::
+
+    - type: action
+      name: downstream-jitter
+      provider:
+        type: python
+        module: harness.experiment.actions
+        func: network_toxic
+        arguments: {server: spec, toxic: latency, stream: downstream,
+                    attributes: {latency: 50, jitter: 25, distribution: normal}, duration_s: 20}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+
+from faults.base import Evidence, Fault, FaultContext, FaultParams
+from faults.process_kill import same_process, send_signal_exact
+from faults.toxics import TOXIC_TYPES, attributes_error
+from harness import state as run_state
+from harness.errors import FaultError
+from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.proc import die_with_parent
+from harness.stack.ports import port_in_use
+
+log = logging.getLogger(__name__)
+
+#: Seconds to wait for the proxy's ready line.
+START_TIMEOUT_S = 10.0
+_POLL_S = 0.1
+_HTTP_TIMEOUT_S = 5.0
+
+
+def listen_port_free(v: int) -> int:
+    """Validator of a fault's ``listen_port``: 0 (any free port) or a loopback port
+    nothing listens on now (:func:`harness.stack.ports.port_in_use`, which binds with
+    ``SO_REUSEADDR`` as the proxy does).
+
+    Raises:
+        ValueError: the port is in use.
+    """
+    if v and port_in_use("127.0.0.1", v):
+        raise ValueError(f"port {v} on 127.0.0.1 is already in use; pick another or 0 for any free port")
+    return v
+
+
+#: A fault's ``listen_port`` (the proxy's port on 127.0.0.1): 0 for any free port, else
+#: one nothing listens on now.
+ListenPort = Annotated[int, Field(ge=0, le=65535), AfterValidator(listen_port_free)]
+
+
+def netem_available() -> bool:
+    """Whether the kernel offers the ``netem`` qdisc (module loaded or installed)."""
+    if Path("/sys/module/sch_netem").exists():
+        return True
+    release = os.uname().release
+    return any(Path(f"/lib/modules/{release}/kernel/net/sched").glob("sch_netem.ko*"))
+
+
+class NetworkParams(FaultParams):
+    """Arguments of ``network`` (how long: the action's ``duration_s``).
+
+    Fields:
+        server: whose load path (``"spec"`` or ``"ref"``).
+        toxic: ``latency``, ``bandwidth``, ``slicer``, ``reset_peer``, ``timeout``,
+            ``limit_data``, ``corrupt`` or ``abort`` (:mod:`faults.toxics`; ``abort`` is
+            what the ``client-abort`` family uses).
+        stream: ``downstream`` (server → client, default) or ``upstream``.
+        toxicity: fraction of connections affected, in [0, 1] (default 1).
+        attributes: the toxic's attributes, toxiproxy's names and units (``latency``,
+            ``jitter`` ms; ``rate`` KB/s; ``average_size``, ``size_variation`` bytes,
+            ``delay`` µs; ``timeout`` ms; ``bytes``; ``mode``, ``max_event``; ``after_events``).
+        seed: seed of every random draw of the proxy (toxicity, jitter, slices, corrupt).
+        listen_port: the proxy's port on 127.0.0.1 (0: any free port).
+        toxiproxy_url: a toxiproxy server's API, e.g. ``http://127.0.0.1:8474`` (loopback).
+        backend: ``proxy`` (default), ``toxiproxy`` (needs ``toxiproxy_url``) or ``netem``.
+    """
+
+    server: str = "spec"
+    toxic: Literal["latency", "bandwidth", "slicer", "reset_peer", "timeout", "limit_data", "corrupt", "abort"] = "latency"
+    stream: Literal["upstream", "downstream"] = "downstream"
+    toxicity: float = Field(1.0, ge=0, le=1)
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 1234
+    listen_port: ListenPort = 0
+    toxiproxy_url: str | None = None
+    backend: Literal["proxy", "toxiproxy", "netem"] = "proxy"
+
+    @field_validator("attributes")
+    @classmethod
+    def _attributes(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        toxic = info.data.get("toxic")
+        if toxic in TOXIC_TYPES:
+            problem = attributes_error(toxic, v)
+            if problem:
+                raise ValueError(f"{problem} ({toxic} toxic)")
+        return v
+
+
+    @field_validator("toxiproxy_url")
+    @classmethod
+    def _loopback(cls, v: str | None) -> str | None:
+        if v is not None and not is_loopback_host(urlsplit(v).hostname or ""):
+            raise ValueError(f"refusing non-loopback toxiproxy {v!r} ({LOOPBACK_HINT})")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str, info: ValidationInfo) -> str:
+        if v == "netem":
+            if not netem_available():
+                raise ValueError("backend 'netem' is not available on this host (the kernel has no sch_netem "
+                                 "qdisc); use backend: proxy")
+            raise ValueError("backend 'netem' is not implemented yet; use backend: proxy")
+        if v == "toxiproxy" and not info.data.get("toxiproxy_url"):
+            raise ValueError("backend 'toxiproxy' needs toxiproxy_url (e.g. http://127.0.0.1:8474)")
+        return v
+
+    def toxic_json(self, name: str) -> dict[str, Any]:
+        """The toxic as toxiproxy's API takes it."""
+        return {"name": name, "type": self.toxic, "stream": self.stream, "toxicity": self.toxicity,
+                "attributes": dict(self.attributes)}
+
+
+# -------------------------------------------------------------------- the proxy's API client
+
+class ProxyClient:
+    """toxiproxy's HTTP API (the subset the harness uses), for :mod:`faults.proxy` and for a
+    real toxiproxy server alike. ``api``: the API's base URL (loopback)."""
+
+    def __init__(self, api: str):
+        self.api = api.rstrip("/")
+
+    def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        with httpx.Client(trust_env=False, timeout=_HTTP_TIMEOUT_S) as c:   # loopback: never through a proxy
+            return c.request(method, self.api + path, json=body)
+
+    def create_proxy(self, name: str, listen: str, upstream: str) -> dict[str, Any]:
+        r = self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
+        if r.status_code not in (200, 201):
+            raise FaultError(f"toxiproxy refused the proxy: HTTP {r.status_code} {r.text[:200]}", where=self.api)
+        return r.json()
+
+    def delete_proxy(self, name: str) -> None:
+        self._call("DELETE", f"/proxies/{name}")
+
+    def add_toxic(self, proxy: str, toxic: dict[str, Any]) -> dict[str, Any]:
+        """Raises FaultError when refused (the API's error text in the message)."""
+        r = self._call("POST", f"/proxies/{proxy}/toxics", toxic)
+        if r.status_code not in (200, 201):
+            raise FaultError(f"the proxy refused toxic {toxic.get('name')}: HTTP {r.status_code} {r.text[:200]}",
+                             where=self.api)
+        return r.json()
+
+    def update_toxic(self, proxy: str, name: str, toxicity: float | None = None,
+                     attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Change a toxic in place. Raises FaultError when refused."""
+        body = {k: v for k, v in (("toxicity", toxicity), ("attributes", attributes)) if v is not None}
+        r = self._call("POST", f"/proxies/{proxy}/toxics/{name}", body)
+        if r.status_code != 200:
+            raise FaultError(f"the proxy refused to update toxic {name}: HTTP {r.status_code} {r.text[:200]}",
+                             where=self.api)
+        return r.json()
+
+    def remove_toxic(self, proxy: str, name: str) -> bool:
+        """True when removed, False when it was not there."""
+        r = self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
+        return r.status_code in (200, 204)
+
+    def toxics(self, proxy: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/proxies/{proxy}/toxics").json()
+
+    def stats(self) -> dict[str, Any] | None:
+        """The fault proxy's measurements (``GET /stats``), None where the server has none."""
+        try:
+            r = self._call("GET", "/stats")
+        except httpx.HTTPError:
+            return None
+        return r.json() if r.status_code == 200 else None
+
+
+# -------------------------------------------------------------------- the proxy process
+
+class ProxyProcess:
+    """A running :mod:`faults.proxy` process: ``pid``, ``create_time``, ``listen`` and
+    ``control`` (``host:port``), and its :class:`ProxyClient`."""
+
+    def __init__(self, popen: subprocess.Popen, listen: str, control: str):
+        self.popen, self.listen, self.control = popen, listen, control
+        self.pid = popen.pid
+        self.create_time = _create_time(popen.pid)
+        self.client = ProxyClient(f"http://{control}")
+
+    @classmethod
+    def start(cls, name: str, upstream: str, seed: int, listen_port: int = 0,
+              timeout_s: float = START_TIMEOUT_S) -> "ProxyProcess":
+        """Start ``python -m faults.proxy`` (loopback only), wait for its ready line, and
+        register it in the run state (role ``proxy``).
+
+        Raises:
+            FaultError: it did not start (port in use, not loopback, no ready line in time).
+        """
+        cmd = [sys.executable, "-m", "faults.proxy", "--name", name, "--listen", f"127.0.0.1:{listen_port}",
+               "--upstream", upstream, "--seed", str(seed)]
+        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                 preexec_fn=die_with_parent(), cwd=str(Path(__file__).resolve().parents[1]),
+                                 start_new_session=True)   # a terminal's Ctrl-C is the harness's to handle
+        line = _read_line(popen, timeout_s)
+        try:
+            ready = json.loads(line) if line else {}
+        except ValueError:
+            ready = {}
+        if "listen" not in ready:
+            _end(popen)
+            why = ready.get("error") or f"no ready line within {timeout_s:g} s"
+            raise FaultError(f"the fault proxy did not start: {why}", where=f"network proxy for {name}",
+                             hint="listen_port: pick a free port or 0")
+        proc = cls(popen, ready["listen"], ready["control"])
+        run_state.register_process(proc.pid, "proxy")
+        log.info("fault proxy for %s: %s -> %s (pid %d, control %s)", name, proc.listen, upstream, proc.pid,
+                 proc.control)
+        return proc
+
+    def stop(self) -> None:
+        """End the process (SIGTERM, then SIGKILL) and forget it in the run state. Idempotent."""
+        _end(self.popen)
+        run_state.unregister_process(self.pid)
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def _read_line(popen: subprocess.Popen, timeout_s: float) -> str:
+    sel = selectors.DefaultSelector()
+    sel.register(popen.stdout, selectors.EVENT_READ)
+    try:
+        if not sel.select(timeout_s):
+            return ""
+        return popen.stdout.readline().decode("utf-8", "replace").strip()
+    finally:
+        sel.close()
+
+
+def _end(popen: subprocess.Popen) -> None:
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(3)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(3)
+    if popen.stdout is not None:
+        popen.stdout.close()
+
+
+# -------------------------------------------------------------------- the family
+
+class Network(Fault):
+    """A toxic on the load path of one server, through a fault proxy."""
+
+    kind: ClassVar[str] = "network"
+    activity: ClassVar[str] = "network_toxic"
+    Params: ClassVar[type[FaultParams]] = NetworkParams
+
+    def __init__(self, params: NetworkParams):
+        super().__init__(params)
+        self.proxy: ProxyProcess | None = None
+        self.client: ProxyClient | None = None
+        self.proxy_name = params.server
+        self.upstream: str | None = None
+        self.listen: str | None = None
+        self.toxic_name = f"{params.toxic}_{params.stream}"
+        self.before: dict[str, Any] | None = None
+        self.facts: dict[str, Any] | None = None
+
+    def describe_target(self, ctx: FaultContext) -> str:
+        """``"<server>/<stream>"``, e.g. ``"spec/downstream"``."""
+        return f"{self.params.server}/{self.params.stream}"
+
+    def prepare(self, ctx: FaultContext) -> None:
+        """Start the proxy (or create it on toxiproxy) and route the load through it.
+
+        Raises:
+            FaultError: unknown server; the proxy did not start.
+        """
+        p = self.params
+        if p.server not in ctx.load_urls:
+            raise FaultError(f"unknown server {p.server!r}", where=self.describe_target(ctx),
+                             hint=f"known: {', '.join(sorted(ctx.load_urls))}")
+        up = urlsplit(ctx.load_urls[p.server])
+        self.upstream = f"{up.hostname}:{up.port}"
+        if p.backend == "toxiproxy":
+            port = p.listen_port or _free_port()
+            self.client = ProxyClient(str(p.toxiproxy_url))
+            self.proxy_name = f"specchaos-{p.server}-{os.getpid()}"
+            self.client.create_proxy(self.proxy_name, f"127.0.0.1:{port}", self.upstream)
+            self.listen = f"127.0.0.1:{port}"
+        else:
+            self.proxy = ProxyProcess.start(p.server, self.upstream, p.seed, p.listen_port)
+            self.client, self.listen = self.proxy.client, self.proxy.listen
+        ctx.load_urls[p.server] = f"http://{self.listen}"
+        ctx.timeline.emit("fault", "proxy_started", server=p.server, listen=self.listen, upstream=self.upstream,
+                          backend=p.backend, pid=self.proxy.pid if self.proxy else None)
+
+    def release(self, ctx: FaultContext) -> None:
+        """End the proxy (idempotent)."""
+        if self.proxy is not None:
+            self.proxy.stop()
+            ctx.timeline.emit("fault", "proxy_stopped", server=self.params.server, pid=self.proxy.pid)
+            self.proxy = None
+        elif self.client is not None and self.params.backend == "toxiproxy":
+            try:
+                self.client.delete_proxy(self.proxy_name)
+            except httpx.HTTPError as exc:
+                log.error("deleting toxiproxy proxy %s failed: %s", self.proxy_name, exc)
+        self.client = None
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        """Add the toxic on the running proxy.
+
+        Returns:
+            ``{"toxic": {...}, "listen", "upstream", "backend", "proxy_pid",
+            "proxy_create_time", "control"}``.
+
+        Raises:
+            FaultError: no proxy (the fault was not declared before the load started) or
+                the proxy refused the toxic.
+        """
+        if self.client is None:
+            raise FaultError("no fault proxy on the load path", where=self.describe_target(ctx),
+                             hint="network faults are set up before the load starts; declare it in the method")
+        self.before = self.client.stats()
+        toxic = self.client.add_toxic(self.proxy_name, self.params.toxic_json(self.toxic_name))
+        self.facts = {"toxic": toxic, "listen": self.listen, "upstream": self.upstream, "backend": self.params.backend,
+                      "proxy_pid": self.proxy.pid if self.proxy else None,
+                      "proxy_create_time": self.proxy.create_time if self.proxy else None,
+                      "control": self.client.api, "proxy_name": self.proxy_name}
+        return dict(self.facts)
+
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        """Wait up to ``timeout_s`` for the toxic's measured effect (module doc).
+
+        Observations: ``toxic``, ``stream``, ``toxicity``, ``measured_by``, and the toxic's
+        counters since injection: ``connections_affected``, ``chunks``,
+        ``added_latency_ms`` ({count, mean, p50, p99, max}), ``bytes_dropped``,
+        ``bytes_cut``, ``connections_closed``, ``connections_reset``, ``pieces``,
+        ``events_corrupted``, ``corruptions`` (the first ones: response, event, mode,
+        before, after).
+        """
+        if self.facts is None or self.client is None:
+            raise FaultError("network evidence asked before injection", where=self.describe_target(ctx))
+        if self.params.backend == "toxiproxy" and self.client.stats() is None:
+            return self._probe_evidence(ctx, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ev = self._judge((self.client.stats() or {}).get("toxics", {}).get(self.toxic_name) or {})
+            if ev.acted or time.monotonic() >= deadline:
+                return ev
+            time.sleep(_POLL_S)
+
+    def _judge(self, st: dict[str, Any]) -> Evidence:
+        p, a = self.params, self.params.attributes
+        added = st.get("added_ms") or {}
+        obs = {"toxic": p.toxic, "stream": p.stream, "toxicity": p.toxicity, "attributes": dict(a),
+               "measured_by": f"the fault proxy's /stats ({self.client.api})",
+               "connections_affected": st.get("connections_affected", 0), "chunks": st.get("chunks", 0),
+               "added_latency_ms": added, "bytes_dropped": st.get("bytes_dropped", 0),
+               "bytes_cut": st.get("bytes_cut", 0), "connections_closed": st.get("closed", 0),
+               "connections_reset": st.get("resets", 0), "pieces": st.get("pieces", 0),
+               "events_corrupted": st.get("events_corrupted", 0), "corruptions": (st.get("corruptions") or [])[:5]}
+        t = p.toxic
+        if t == "latency":
+            want = float(a.get("latency", 0)) / 2
+            ok = (added.get("count") or 0) >= 3 and (added.get("mean") or 0) >= want
+            what = f"{added.get('count') or 0} chunks delayed, mean {added.get('mean')} ms (p99 {added.get('p99')} ms)"
+        elif t in ("bandwidth", "slicer"):
+            ok = obs["chunks"] >= 3
+            what = f"{obs['chunks']} chunks throttled/sliced into {obs['pieces']} pieces, mean delay {added.get('mean')} ms"
+        elif t == "timeout":
+            ok = obs["bytes_dropped"] > 0
+            what = f"{obs['bytes_dropped']} bytes dropped, {obs['connections_closed']} connections closed"
+        elif t == "limit_data":
+            ok = obs["bytes_cut"] > 0 or obs["connections_closed"] > 0
+            what = f"{obs['bytes_cut']} bytes cut, {obs['connections_closed']} connections closed"
+        elif t == "reset_peer":
+            ok = obs["connections_reset"] > 0
+            what = f"{obs['connections_reset']} connections reset"
+        elif t == "abort":
+            obs["streams_aborted"] = st.get("aborted", 0)
+            ok = obs["streams_aborted"] > 0
+            what = f"{obs['streams_aborted']} streams closed by the client side after {a.get('after_events', 1)} events"
+        else:
+            ok = obs["events_corrupted"] > 0
+            what = f"{obs['events_corrupted']} SSE events corrupted"
+        detail = f"{t} on {p.server}/{p.stream}: {what} (measured by the proxy; {obs['connections_affected']} " \
+                 f"connections affected)"
+        return Evidence(ok, obs, detail)
+
+    def _probe_evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        """A toxiproxy server measures nothing: time ``GET /health`` through it and direct."""
+        obs: dict[str, Any] = {"toxic": self.params.toxic, "measured_by": "GET /health through the proxy vs direct"}
+        if self.params.toxic != "latency":
+            return Evidence(False, obs, f"a toxiproxy server gives no measurement for {self.params.toxic}")
+
+        def timed(base: str) -> float | None:
+            try:
+                with httpx.Client(trust_env=False, timeout=timeout_s) as c:
+                    t0 = time.perf_counter()
+                    c.get(f"{base}/health")
+                    return (time.perf_counter() - t0) * 1000
+            except httpx.HTTPError:
+                return None
+
+        via = [timed(f"http://{self.listen}") for _ in range(5)]
+        direct = [timed(f"http://{self.upstream}") for _ in range(5)]
+        if None in via or None in direct:
+            return Evidence(False, obs, "GET /health did not answer through the proxy or direct")
+        added = statistics.median(via) - statistics.median(direct)
+        obs["added_latency_ms"] = {"p50": round(added, 3)}
+        ok = added >= float(self.params.attributes.get("latency", 0)) / 2
+        return Evidence(ok, obs, f"GET /health {added:.1f} ms slower through the toxiproxy proxy")
+
+    def clear(self, ctx: FaultContext) -> None:
+        """Remove the toxic (idempotent; a proxy already gone counts as cleared)."""
+        if self.client is None or self.facts is None:
+            return
+        try:
+            self.client.remove_toxic(self.proxy_name, self.toxic_name)
+        except httpx.HTTPError:
+            if self.proxy is not None and self.proxy.popen.poll() is None:
+                raise
+
+    @classmethod
+    def recover(cls, entry: dict[str, Any]) -> None:
+        """After a crash: end the proxy process recorded in the facts (that removes every
+        toxic with it); for toxiproxy, remove the toxic through its API."""
+        facts = entry.get("facts") or {}
+        pid, ct = facts.get("proxy_pid"), facts.get("proxy_create_time")
+        if pid and ct and same_process(int(pid), float(ct)):
+            send_signal_exact(int(pid), float(ct), signal.SIGKILL)
+        elif facts.get("backend") == "toxiproxy" and facts.get("control") and facts.get("toxic"):
+            try:
+                ProxyClient(facts["control"]).remove_toxic(facts["proxy_name"], facts["toxic"]["name"])
+            except httpx.HTTPError as exc:
+                raise RuntimeError(f"toxiproxy at {facts['control']} unreachable: {exc}") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,62 @@
+"""The client-abort checks (:mod:`harness.checks.client_abort`) on recorded samples: a
+server that frees aborted requests passes; one that keeps running them (a known defect:
+unaborted requests holding KV cache) or crashes on the disconnects fails."""
+
+from __future__ import annotations
+
+from harness.checks.client_abort import client_abort_checks, drains
+
+
+def sample(t, running, live, aborted=1):
+    return {"t": t, "event": "abort_sample", "server_running": running, "streams_in_flight": live,
+            "streams_aborted": aborted}
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_no_samples_no_checks():
+    assert client_abort_checks([{"t": 1.0, "event": "phase_start"}], 2.0) == ([], {})
+
+
+def test_a_server_that_frees_aborted_requests_passes():
+    ss = [sample(100 + i * 0.25, r, l) for i, (r, l) in enumerate([(4, 4), (4, 2), (2, 2), (3, 3), (4, 3), (3, 3)])]
+    checks, summary = client_abort_checks(ss, 2.0, fault_t=99.0)
+    c = by_name(checks)
+    assert all(x.passed for x in checks), checks
+    assert c["client_abort.drain_s"].observed == 0.25 and summary["drains"] == 2 and summary["max_orphans"] == 2
+
+
+def test_a_server_that_keeps_generating_for_gone_clients_fails():
+    # aborted at t=100: two requests keep running for 6 s with no client (the known defect)
+    ss = [sample(100 + i * 0.25, 4 if i < 24 else 2, 2) for i in range(30)]
+    c = by_name(client_abort_checks(ss, 2.0, fault_t=99.0)[0])["client_abort.drain_s"]
+    assert not c.passed and c.observed == 6.0 and "up to 2 orphaned, drained" in c.detail and "fault +1.000 s" in c.detail
+
+
+def test_never_drained_and_never_measured_fail():
+    ss = [sample(100 + i, 3, 1) for i in range(5)]
+    (d,) = drains(ss)
+    assert not d["drained"] and d["duration_s"] == 4
+    assert not by_name(client_abort_checks(ss, 2.0)[0])["client_abort.drain_s"].passed
+    blind = [sample(100 + i, None, 1) for i in range(5)]
+    c = by_name(client_abort_checks(blind, 2.0)[0])["client_abort.drain_s"]
+    assert not c.passed and c.observed is None and "never measured" in c.detail
+
+
+def test_a_server_that_exits_after_the_aborts_fails_and_nothing_aborted_fails():
+    ss = [sample(100, 1, 1, aborted=0), sample(101, 1, 1, aborted=3)]
+    crash = {"t": 101.5, "event": "server_exited", "server": "spec", "expected": False}
+    earlier = {"t": 99.0, "event": "server_exited", "server": "spec", "expected": False}
+    c = by_name(client_abort_checks(ss + [crash, earlier], 2.0)[0])
+    assert not c["client_abort.server_exits"].passed and c["client_abort.server_exits"].observed == 1
+    none = by_name(client_abort_checks([sample(100, 1, 1, aborted=0)], 2.0)[0])
+    assert not none["client_abort.streams_aborted"].passed
+
+
+def test_samples_after_the_load_stopped_are_not_judged():
+    ss = [sample(100, 2, 2), sample(101, 4, 0), sample(102, 4, 0), sample(103, 4, 0)]
+    stop = {"t": 100.5, "event": "load_stopped"}
+    checks, summary = client_abort_checks(ss + [stop], 0.5)
+    assert summary["samples"] == 1 and by_name(checks)["client_abort.drain_s"].passed
