@@ -1,0 +1,328 @@
+"""Fault family ``memory-limit``: a cgroup memory limit on a server's process tree
+(:mod:`faults.cgroup`; v1 ``memory.limit_in_bytes``, v2 ``memory.max``).
+
+Size, exactly one of: ``limit_gib`` (GiB), ``limit_bytes`` (bytes), or ``usage_factor``
+(× the targeted tree's resident memory, psutil RSS, at injection). A size of zero or
+less, or larger than the machine's memory, is refused at validation (the field named).
+
+What the limit bounds (measured on this host's kernel, 6.18, cgroup v1): memory is
+charged to the cgroup a page was allocated in, and charges do not move with a process
+(``memory.move_charge_at_immigrate`` is gone; cgroup v2 never moved them). So the limit
+caps what the tree charges **after** it was moved in — new allocations, page cache,
+buffers grown under load — not the memory it already held. A tree that grows past it is
+reclaimed and then OOM-killed by the kernel (``oom_kill`` in ``memory.oom_control`` /
+``memory.events``); vLLM then exits and the harness's supervisor restarts it, outside this
+cgroup (a restarted server is not limited).
+
+Targets: ``server`` and ``roles`` (None: the whole tree), as in ``cpu-throttle``.
+
+Evidence (measured over a window of :data:`EVIDENCE_WINDOW_S` s): the limit read back;
+the tree's pids in the cgroup's ``cgroup.procs``; the cgroup's usage, peak
+(``memory.max_usage_in_bytes`` / ``memory.peak``), ``failcnt`` (v1; times the limit was
+hit), OOM kills; the tree's RSS; what the server did: output tokens on ``/metrics``
+(``vllm:generation_tokens_total``) across the window (still generating?), and, after an
+OOM kill that took its API process down, the supervisor's restart
+(``restart_ready_after_s``). ``acted`` needs the limit read back as written (page-aligned),
+every live targeted pid inside, and the kernel accounting the tree's memory there (usage or
+peak above zero, or an OOM kill) with the peak within the limit.
+
+Revert: limit lifted, pids moved back, cgroup removed (:meth:`MemoryLimit.clear`;
+:meth:`MemoryLimit.recover` from the ledger, or by the cgroup's name
+``specchaos-<fault id>`` when the crash came before the facts).
+
+Example::
+
+    - type: action
+      name: limit-spec-memory
+      provider:
+        type: python
+        module: harness.experiment.actions
+        func: limit_memory
+        arguments: {server: spec, roles: [worker], limit_gib: 0.05, duration_s: 15}
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+import uuid
+from typing import Any, ClassVar, Literal
+
+import psutil
+from pydantic import Field, field_validator, model_validator
+
+from faults import cgroup
+from faults.base import Evidence, Fault, FaultContext, FaultParams
+from faults.process_freeze import TOKENS_METRIC, read_metrics
+from faults.process_kill import Recorded, same_process, server_of
+from harness.clock import now
+from harness.errors import FaultError
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+#: Seconds the evidence watches the limited tree.
+EVIDENCE_WINDOW_S = 3.0
+#: v1 and v2 file names: (limit, usage, peak, lift value).
+FILES = {1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes", "-1"),
+         2: ("memory.max", "memory.current", "memory.peak", "max")}
+
+
+def machine_bytes() -> int:
+    """The machine's memory, bytes (psutil ``virtual_memory().total``)."""
+    return int(psutil.virtual_memory().total)
+
+
+class MemoryLimitParams(FaultParams):
+    """Arguments of ``memory-limit`` (how long: the action's ``duration_s``).
+
+    Fields:
+        server: key of ``stack.servers`` (``"spec"`` or ``"ref"``).
+        roles: ``["api", "engine", "worker"]`` or a subset; None (default): the whole tree.
+        limit_gib: the limit in GiB (> 0, at most the machine's memory).
+        limit_bytes: the limit in bytes (> 0, at most the machine's memory).
+        usage_factor: the limit as this factor × the tree's RSS at injection (> 0).
+        Exactly one of ``limit_gib``, ``limit_bytes``, ``usage_factor``.
+    """
+
+    server: str = "spec"
+    roles: list[Literal["api", "engine", "worker"]] | None = Field(None, min_length=1)
+    limit_gib: float | None = Field(None, gt=0)
+    limit_bytes: int | None = Field(None, gt=0)
+    usage_factor: float | None = Field(None, gt=0)
+
+    @field_validator("limit_gib", "limit_bytes")
+    @classmethod
+    def _fits_the_machine(cls, v: float | None, info: Any) -> float | None:
+        if v is None:
+            return v
+        size = v * GIB if info.field_name == "limit_gib" else v
+        total = machine_bytes()
+        if size > total:
+            raise ValueError(f"{v:g} {'GiB' if info.field_name == 'limit_gib' else 'bytes'} is more than this "
+                             f"machine's memory ({total / GIB:.1f} GiB)")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "MemoryLimitParams":
+        given = [n for n in ("limit_gib", "limit_bytes", "usage_factor") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of limit_gib, limit_bytes, usage_factor (got "
+                             f"{', '.join(given) or 'none'})")
+        return self
+
+
+def _tree_rss(targets: list[Recorded]) -> int:
+    total = 0
+    for pid, ct, cmd in targets:
+        try:
+            if same_process(pid, ct, cmd):
+                total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def _events(text: str | None) -> dict[str, int]:
+    out = {}
+    for line in (text or "").splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().isdigit():
+            out[k] = int(v)
+    return out
+
+
+class MemoryLimit(Fault):
+    """Limit the memory a server's process tree may charge (cgroup memory controller)."""
+
+    kind: ClassVar[str] = "memory-limit"
+    activity: ClassVar[str] = "limit_memory"
+    Params: ClassVar[type[FaultParams]] = MemoryLimitParams
+
+    def __init__(self, params: MemoryLimitParams):
+        super().__init__(params)
+        self.facts: dict[str, Any] | None = None
+        self._cg: cgroup.TreeCgroup | None = None
+        self._targets: list[Recorded] = []
+        self._oom_before = 0
+
+    def describe_target(self, ctx: FaultContext) -> str:
+        """``"<server>/<roles joined by +>"`` or ``"<server>/tree"``."""
+        return f"{self.params.server}/{'+'.join(self.params.roles) if self.params.roles else 'tree'}"
+
+    def check_host(self) -> None:
+        """A writable memory cgroup (there is no fallback).
+
+        Raises:
+            FaultError: ``"cgroup <path> not writable (...)"`` (no ``where``: the whole fault).
+        """
+        cgroup.check_writable("memory")
+
+    def _oom_kills(self, version: int) -> int:
+        assert self._cg is not None
+        name = "memory.oom_control" if version == 1 else "memory.events"
+        return _events(self._cg.read([name])[name]).get("oom_kill", 0)
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        """Create the cgroup, move the tree in, set the limit, read it back.
+
+        Returns:
+            ``{"limit_bytes": int (asked), "read_back": {file: value}, "tree_rss_bytes": int,
+            "pids", "create_times", "incarnation", "limited_at": epoch s, "cgroup": cgroup facts}``.
+
+        Raises:
+            FaultError: unknown server, server down, cgroup not writable, the kernel refused
+                the limit.
+        """
+        p = self.params
+        target = self.describe_target(ctx)
+        srv = server_of(ctx, p.server, target)
+        incarnation, recorded = cgroup.record_tree(srv, p.server, p.roles, target)
+        rss = _tree_rss(recorded)
+        if p.limit_bytes is not None:
+            limit = int(p.limit_bytes)
+        elif p.limit_gib is not None:
+            limit = int(p.limit_gib * GIB)
+        else:
+            limit = int(p.usage_factor * rss)
+        limit = max(mmap.PAGESIZE, limit)
+        self._cg = cgroup.TreeCgroup("memory", self.fault_id or f"{self.kind}-{uuid.uuid4().hex[:8]}")
+        limit_file, _, _, lift = FILES[self._cg.h.version]
+        self._cg.lift = {limit_file: lift}
+        self.facts = {"limit_bytes": limit, "read_back": None, "tree_rss_bytes": rss,
+                      "pids": [r[0] for r in recorded], "create_times": [r[1] for r in recorded],
+                      "incarnation": incarnation, "limited_at": None, "cgroup": None}
+        self._cg.create()
+        self.facts["read_back"] = self._cg.write({limit_file: str(limit)})
+        moved = self._cg.move_in(recorded)
+        self.facts["cgroup"] = self._cg.facts()
+        if not moved:
+            raise FaultError(f"every process of {target} went away before it could be limited", where=target,
+                             hint="the server may be restarting; inject once it is ready")
+        self._targets = [r for r in recorded if r[0] in moved]
+        self._oom_before = self._oom_kills(self._cg.h.version)
+        self.facts["limited_at"] = now()
+        log.info("limited %s to %d bytes (%.3f GiB; tree RSS %.3f GiB) in %s", target, limit, limit / GIB,
+                 rss / GIB, self._cg.path)
+        return dict(self.facts)
+
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        """Watch the limited tree for :data:`EVIDENCE_WINDOW_S` s (see module doc).
+
+        Observations: ``limit_bytes`` (asked), ``limit_read_back``, ``usage_bytes``,
+        ``peak_bytes``, ``failcnt`` (v1; None in v2), ``oom_kills`` (in the window and
+        before it, since injection), ``tree_rss_bytes`` (now), ``pids_in_cgroup``,
+        ``missing_pids``, ``killed_pids`` (targeted and gone), ``tokens_before``,
+        ``tokens_after`` and ``still_generating`` (the counter grew across the window),
+        ``api_alive``, ``restart_ready_after_s`` (after an OOM kill that took the API process
+        down: the supervisor's restart, from the injection), ``window_s``.
+
+        Raises:
+            FaultError: called before :meth:`inject`.
+        """
+        if self.facts is None or self._cg is None:
+            raise FaultError("memory-limit evidence asked before injection", where=self.describe_target(ctx))
+        p, f, cg = self.params, self.facts, self._cg
+        target = self.describe_target(ctx)
+        limit_file, usage_file, peak_file, _ = FILES[cg.h.version]
+        srv = server_of(ctx, p.server, target)
+        window = max(0.5, min(EVIDENCE_WINDOW_S, timeout_s / 2))
+        start = time.monotonic()
+        before = read_metrics(srv.base_url)
+        time.sleep(window)
+        after = read_metrics(srv.base_url)
+        vals = cg.read([limit_file, usage_file, peak_file, "memory.failcnt"])
+        inside = set(cg.procs())
+        oom = self._oom_kills(cg.h.version)
+        alive = [(pid, ct, cmd) for pid, ct, cmd in self._targets if same_process(pid, ct, cmd)]
+
+        def num(v: str | None) -> int | None:
+            return int(v) if v is not None and v.lstrip("-").isdigit() else None
+
+        expected = f["limit_bytes"] // mmap.PAGESIZE * mmap.PAGESIZE
+        obs: dict[str, Any] = {
+            "limit_bytes": f["limit_bytes"], "limit_read_back": num(vals[limit_file]),
+            "usage_bytes": num(vals[usage_file]), "peak_bytes": num(vals[peak_file]),
+            "failcnt": num(vals["memory.failcnt"]), "oom_kills": oom - self._oom_before,
+            "tree_rss_bytes": _tree_rss(alive), "pids_in_cgroup": sorted(inside),
+            "missing_pids": [pid for pid, _, _ in alive if pid not in inside],
+            "killed_pids": [pid for pid, ct, cmd in self._targets if not same_process(pid, ct, cmd)],
+            "tokens_metric": TOKENS_METRIC, "tokens_before": before and before[TOKENS_METRIC],
+            "tokens_after": after and after[TOKENS_METRIC], "still_generating": None,
+            "api_alive": None, "restart_ready_after_s": None, "window_s": round(time.monotonic() - start, 3),
+            "measured_by": f"{cg.path}: {limit_file}, {usage_file}, {peak_file}, failcnt, OOM kills; "
+                           f"{TOKENS_METRIC} on /metrics",
+        }
+        if obs["tokens_before"] is not None and obs["tokens_after"] is not None:
+            obs["still_generating"] = obs["tokens_after"] > obs["tokens_before"]
+        api = srv.api_process() if hasattr(srv, "api_process") else None
+        api_pids = set(f["pids"])
+        obs["api_alive"] = api is not None and api.pid in api_pids and int(getattr(srv, "incarnation", 0)) == \
+            f["incarnation"]
+        if obs["oom_kills"] > 0 and not obs["api_alive"] and hasattr(srv, "wait_for_incarnation"):
+            left = max(0.0, timeout_s - (time.monotonic() - start))
+            ready = srv.wait_for_incarnation(f["incarnation"] + 1, left)
+            if ready is not None:
+                obs["restart_ready_after_s"] = round(ready - f["limited_at"], 3)
+        limit_ok = obs["limit_read_back"] == expected
+        charged = (obs["usage_bytes"] or 0) > 0 or (obs["peak_bytes"] or 0) > 0 or obs["oom_kills"] > 0
+        gib = f"{f['limit_bytes'] / (1 << 20):.1f} MiB"
+        server_did = (f"; {obs['oom_kills']} OOM kill(s)" if obs["oom_kills"] else "") + (
+            f", server restarted {obs['restart_ready_after_s']:.1f} s after the limit"
+            if obs["restart_ready_after_s"] is not None else "") + (
+            "; still generating" if obs["still_generating"] else
+            "; no token produced in the window" if obs["still_generating"] is False else "")
+        if not limit_ok:
+            return Evidence(False, obs, f"{target}: limit read back {obs['limit_read_back']}, written {expected}")
+        if obs["missing_pids"]:
+            return Evidence(False, obs, f"{target}: pids {obs['missing_pids']} are not in {cg.path}")
+        if not charged:
+            return Evidence(False, obs, f"{target}: limit {gib} in place, but the kernel accounted no memory of the "
+                                        f"tree to it in {obs['window_s']:.1f} s (idle?)")
+        if (obs["peak_bytes"] or 0) > expected:
+            return Evidence(False, obs, f"{target}: peak {obs['peak_bytes']} bytes above the limit {expected}")
+        return Evidence(True, obs, f"{target}: limit {gib} read back; usage {obs['usage_bytes']} bytes, peak "
+                                   f"{obs['peak_bytes']}, failcnt {obs['failcnt']}{server_did}")
+
+    def clear(self, ctx: FaultContext) -> None:
+        """Lift the limit, move the pids back, remove the cgroup. Idempotent.
+
+        Raises:
+            FaultError: the cgroup could not be removed.
+        """
+        if self._cg is None:
+            return
+        res = self._cg.revert()
+        log.info("unlimited %s: moved back %s, removed %s", self.describe_target(ctx),
+                 res["moved_back"] + res["to_parent"], res["path"])
+        self._cg = None
+
+    @classmethod
+    def recover(cls, entry: dict[str, Any]) -> None:
+        """After a crash: revert the cgroup from the ledger's facts, or find it by its
+        name ``specchaos-<fault id>`` when the facts were never written.
+
+        Raises:
+            RuntimeError: a cgroup could not be removed.
+        """
+        facts = entry.get("facts") or {}
+        if facts.get("cgroup"):
+            found = [facts["cgroup"]]
+        else:
+            found = []
+            for pth in cgroup.find_cgroups(str(entry.get("fault_id")), "memory"):
+                lift = FILES[1][0] if (pth / FILES[1][0]).exists() else FILES[2][0]
+                found.append({"path": str(pth), "parent": str(pth.parent),
+                              "lift": {lift: FILES[1][3] if lift == FILES[1][0] else FILES[2][3]}})
+        errors = []
+        for cg_facts in found:
+            try:
+                cgroup.revert(cg_facts)
+            except FaultError as exc:
+                errors.append(exc.one_line())
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+
+__all__ = ["MemoryLimit", "MemoryLimitParams", "machine_bytes"]

@@ -1,0 +1,161 @@
+"""Server memory swing: does a server's memory stay put while it serves? Judged per phase
+from the RSS the metrics scraper recorded for each server's process tree (``rss_bytes`` of
+``metrics.jsonl``) and, on hosts with an NVIDIA GPU, from each GPU's used memory
+(``memory_used_bytes`` of ``gpu.jsonl``, :mod:`harness.metrics.gpu_telemetry`).
+
+* **swing** of a set of samples = (max − min) ÷ min (a fraction: 0.15 = 15%).
+* ``server_memory.<server>.<phase>.rss_swing`` — the largest swing of one server *process*
+  in the phase ≤ ``server_memory.max_rss_swing`` (default 0.15).
+
+Restarts and downtime: samples are grouped by server process tree (the API process:
+``process_start_time_seconds`` of its page, else its pid; and the set of processes summed,
+``tree_pids``), and only samples whose scrape succeeded count — a server
+answers ``/metrics`` only once its model is loaded, so a (re)starting server's ramp-up is
+not a swing, and a dead server (no process, no RSS) contributes nothing. A killed server is
+therefore no memory swing: the tree before the kill, the API process left without its
+killed worker (it answers ``/metrics`` for a moment), and the restarted tree are judged
+each on its own — a process dying is the fault, judged by the fault's own checks. ``server_memory.settle_s`` drops a process's first seconds after its first
+successful scrape as well. A process with fewer than ``server_memory.min_samples`` samples
+in a phase is not judged there; a phase where no process of a server has enough passes
+with "not judged: ..." in the detail.
+
+* ``server_memory.gpu<i>.<phase>.memory_swing`` — the same over GPU *i*'s used memory ≤
+  ``server_memory.max_gpu_memory_swing``. Without an NVIDIA GPU nothing is judged and the
+  section carries the GPU telemetry's note (``no NVIDIA GPU on this host (...)``).
+
+A run without ``metrics.jsonl`` gets no RSS checks and a section note.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.config import ServerMemoryConfig
+from harness.checks.gpu import GPU_FILE
+from harness.checks.speculation import series
+from harness.metrics.speculation import incarnation, server_lines, servers_in
+
+__all__ = ["swing", "rss_segments", "phase_swings", "check", "section"]
+
+
+def swing(values: list[float]) -> float | None:
+    """(max − min) ÷ min of ``values``; None for no values or a minimum ≤ 0."""
+    if not values or min(values) <= 0:
+        return None
+    return (max(values) - min(values)) / min(values)
+
+
+def rss_segments(lines: list[dict[str, Any]], settle_s: float = 0.0) -> list[list[tuple[float, float]]]:
+    """One server's RSS samples ``(t, rss_bytes)`` grouped by process tree (module doc),
+    successful scrapes only, each process's first ``settle_s`` seconds dropped."""
+    groups: dict[Any, list[tuple[float, float]]] = {}
+    first: dict[Any, float] = {}
+    for ln in lines:
+        if not ln.get("ok") or ln.get("rss_bytes") is None:
+            continue
+        key = (incarnation(ln), tuple(ln.get("tree_pids") or ()))
+        first.setdefault(key, ln["t"])
+        if ln["t"] - first[key] >= settle_s:
+            groups.setdefault(key, []).append((float(ln["t"]), float(ln["rss_bytes"])))
+    return list(groups.values())
+
+
+def phase_swings(segments: list[list[tuple[float, float]]], start: float, end: float,
+                 min_samples: int) -> dict[str, Any]:
+    """The worst swing in ``[start, end)`` over segments (one per process) with at least
+    ``min_samples`` samples there: ``{"swing", "min", "max", "samples", "processes_judged"}``
+    (``swing`` None when no segment has enough samples)."""
+    worst: dict[str, Any] = {"swing": None, "min": None, "max": None, "samples": 0, "processes_judged": 0}
+    for seg in segments:
+        vals = [v for t, v in seg if start <= t < end]
+        if len(vals) < min_samples:
+            continue
+        sw = swing(vals)
+        worst["processes_judged"] += 1
+        if sw is not None and (worst["swing"] is None or sw > worst["swing"]):
+            worst.update(swing=sw, min=min(vals), max=max(vals), samples=len(vals))
+    return worst
+
+
+def _cfg(run: RecordedRun) -> ServerMemoryConfig:
+    return getattr(run.limits, "server_memory", None) or ServerMemoryConfig()
+
+
+def _gpu(run: RecordedRun) -> tuple[str | None, dict[int, list[tuple[float, float]]]]:
+    event = next((e for e in run.events if e.get("event") == "gpu_telemetry"), None)
+    note = None if event is None else event.get("note")
+    if event is None:
+        note = "no GPU telemetry recorded in this run"
+    samples: dict[int, list[tuple[float, float]]] = {}
+    path = run.run_dir / GPU_FILE if run.run_dir is not None else None
+    if path is not None and path.exists():
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            try:
+                s = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(s, dict) and s.get("memory_used_bytes") is not None and "t" in s:
+                samples.setdefault(int(s.get("index", 0)), []).append((float(s["t"]), float(s["memory_used_bytes"])))
+    return note, samples
+
+
+def _analyse(run: RecordedRun) -> dict[str, Any]:
+    if "server_memory" in run.memo:
+        return run.memo["server_memory"]
+    cfg = _cfg(run)
+    lines = series(run)
+    servers = {}
+    for name in servers_in(lines):
+        segs = rss_segments(server_lines(lines, name), cfg.settle_s)
+        servers[name] = {ph: phase_swings(segs, t0, t1, cfg.min_samples) for ph, (t0, t1) in run.windows.items()}
+    note, gsamples = _gpu(run)
+    gpus = {i: {ph: phase_swings([ss], t0, t1, cfg.min_samples) for ph, (t0, t1) in run.windows.items()}
+            for i, ss in sorted(gsamples.items())}
+    out = {"servers": servers, "gpus": gpus, "gpu_note": note if not gsamples else None}
+    run.memo["server_memory"] = out
+    return out
+
+
+def _result(name: str, w: dict[str, Any], limit: float, what: str, min_samples: int) -> CheckResult:
+    if w["swing"] is None:
+        return CheckResult(name, "memory", True, None, limit,
+                           f"not judged: no {what} with ≥ {min_samples} samples in this phase")
+    passed = w["swing"] <= limit
+    return CheckResult(name, "memory", passed, round(w["swing"], 4), limit,
+                       f"{what} {w['min'] / 2**20:.0f} → {w['max'] / 2**20:.0f} MiB over {w['samples']} samples "
+                       f"(swing = (max − min) ÷ min; {w['processes_judged']} process(es) judged)")
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """RSS swing per server and phase, GPU memory swing per GPU and phase (module doc)."""
+    cfg = _cfg(run)
+    a = _analyse(run)
+    out: list[CheckResult] = []
+    if cfg.max_rss_swing is not None:
+        for name, phases in a["servers"].items():
+            for ph, w in phases.items():
+                out.append(_result(f"server_memory.{name}.{ph}.rss_swing", w, cfg.max_rss_swing,
+                                   "RSS of one server process tree", cfg.min_samples))
+    if cfg.max_gpu_memory_swing is not None:
+        for i, phases in a["gpus"].items():
+            for ph, w in phases.items():
+                out.append(_result(f"server_memory.gpu{i}.{ph}.memory_swing", w, cfg.max_gpu_memory_swing,
+                                   f"GPU {i} used memory", cfg.min_samples))
+    return out
+
+
+def section(run: RecordedRun) -> dict[str, Any]:
+    """The ``server_memory`` block of ``report.json``::
+
+        {"note": str|None, "gpu_note": str|None (e.g. "no NVIDIA GPU on this host (...)"),
+         "max_rss_swing": fraction|None,
+         "servers": {name: {phase: {"swing", "min", "max" (bytes), "samples", "processes_judged"}}},
+         "gpus": {index: {phase: {...}}}}
+    """
+    cfg = _cfg(run)
+    a = _analyse(run)
+    note = None if series(run) else "no metrics.jsonl recorded in this run: no server RSS to judge"
+    return {"note": note, "gpu_note": a["gpu_note"], "max_rss_swing": cfg.max_rss_swing,
+            "servers": a["servers"], "gpus": {str(k): v for k, v in a["gpus"].items()}}

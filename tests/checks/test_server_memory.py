@@ -1,0 +1,125 @@
+"""Server memory swing on recorded series: a swinging RSS fails, a steady one passes, a
+killed-and-restarted server is no swing, a GPU's used memory is judged where gpu.jsonl has
+it, and without an NVIDIA GPU the section carries the note."""
+
+from __future__ import annotations
+
+import json
+
+from harness.checks import server_memory
+from harness.checks.base import RecordedRun
+from harness.experiment.config import SpecchaosConfig
+
+GIB = 1 << 30
+
+
+def write(tmp_path, rss, *, server="spec", pid=lambda i: 100, step_s=0.5, lines=None):
+    """One scrape per ``rss`` value (None = a failed scrape: server down)."""
+    lines = [] if lines is None else lines
+    for i, v in enumerate(rss):
+        t = i * step_s
+        if v is None:
+            lines.append({"t": t, "server": server, "ok": False, "error": "ConnectError: refused", "rss_bytes": None,
+                          "pid": None})
+        else:
+            lines.append({"t": t, "server": server, "ok": True, "pid": pid(i), "rss_bytes": int(v), "counters": {},
+                          "per_position": {}, "gauges": {}, "histograms": {}})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    return lines
+
+
+def run_of(tmp_path, events=(), **limits) -> RecordedRun:
+    cfg = SpecchaosConfig.model_validate({"server_memory": limits} if limits else {})
+    windows = {"baseline": (0.0, 10.0), "fault": (10.0, 20.0), "after": (20.0, 30.0)}
+    return RecordedRun(records=[], reference={}, events=list(events), limits=cfg, windows=windows, run_dir=tmp_path)
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def test_steady_rss_passes(tmp_path):
+    write(tmp_path, [3 * GIB + (i % 3) * 2**20 for i in range(60)])
+    res = by_name(server_memory.check(run_of(tmp_path)))
+    assert set(res) == {f"server_memory.spec.{p}.rss_swing" for p in ("baseline", "fault", "after")}
+    assert all(r.passed and r.observed < 0.01 for r in res.values())
+
+
+def test_a_swinging_rss_fails(tmp_path):
+    """A leak in the fault phase: 3 GiB growing to 4 GiB (33%)."""
+    rss = [3 * GIB] * 20 + [3 * GIB + i * GIB / 19 for i in range(20)] + [4 * GIB] * 20
+    write(tmp_path, rss)
+    res = by_name(server_memory.check(run_of(tmp_path)))
+    r = res["server_memory.spec.fault.rss_swing"]
+    assert not r.passed and round(r.observed, 3) == 0.333 and r.limit == 0.15
+    assert "3072 → 4096 MiB" in r.detail
+    assert res["server_memory.spec.baseline.rss_swing"].passed and res["server_memory.spec.after.rss_swing"].passed
+    assert by_name(server_memory.check(run_of(tmp_path, max_rss_swing=0.5)))["server_memory.spec.fault.rss_swing"].passed
+
+
+def test_a_killed_and_restarted_server_is_no_swing(tmp_path):
+    """Old process at 3 GiB, down (gaps), a new one that answers at 1.5 GiB: each process is
+    judged on its own, the ramp-up is never sampled (no /metrics while loading)."""
+    rss = [3 * GIB] * 24 + [None] * 6 + [1.5 * GIB] * 30
+    write(tmp_path, rss, pid=lambda i: 100 if i < 24 else 200)
+    res = by_name(server_memory.check(run_of(tmp_path)))
+    assert all(r.passed for r in res.values()), [r for r in res.values() if not r.passed]
+    sec = server_memory.section(run_of(tmp_path))["servers"]["spec"]["fault"]
+    assert sec["processes_judged"] == 2 and sec["swing"] == 0
+
+
+def test_settle_s_skips_a_process_s_first_seconds(tmp_path):
+    rss = [2 * GIB + i * 0.05 * GIB for i in range(8)] + [2.4 * GIB] * 52   # grows 20% in its first 4 s
+    write(tmp_path, rss)
+    assert not by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"].passed
+    assert by_name(server_memory.check(run_of(tmp_path, settle_s=4.0)))["server_memory.spec.baseline.rss_swing"].passed
+
+
+def test_too_few_samples_are_not_judged_and_say_so(tmp_path):
+    write(tmp_path, [GIB, 2 * GIB, GIB])
+    r = by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"]
+    assert r.passed and r.observed is None and r.detail.startswith("not judged:")
+
+
+def test_gpu_memory_swing_is_judged_from_gpu_jsonl(tmp_path):
+    write(tmp_path, [GIB] * 60)
+    mem = [40 * GIB] * 20 + [40 * GIB, 60 * GIB] * 10 + [40 * GIB] * 20
+    (tmp_path / "gpu.jsonl").write_text("".join(
+        json.dumps({"t": i * 0.5, "index": 0, "name": "H200", "memory_used_bytes": m}) + "\n" for i, m in enumerate(mem)))
+    ev = {"t": 0, "source": "gpu", "event": "gpu_telemetry", "available": True, "gpus": 1}
+    res = by_name(server_memory.check(run_of(tmp_path, [ev])))
+    assert not res["server_memory.gpu0.fault.memory_swing"].passed
+    assert res["server_memory.gpu0.baseline.memory_swing"].passed
+    assert server_memory.section(run_of(tmp_path, [ev]))["gpu_note"] is None
+
+
+def test_without_a_gpu_the_section_says_so(tmp_path):
+    write(tmp_path, [GIB] * 60)
+    ev = {"t": 0, "source": "gpu", "event": "gpu_telemetry", "available": False,
+          "note": "no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)"}
+    res = server_memory.check(run_of(tmp_path, [ev]))
+    assert not any(".gpu" in r.name for r in res)
+    assert server_memory.section(run_of(tmp_path, [ev]))["gpu_note"].startswith("no NVIDIA GPU on this host")
+
+
+def test_a_run_without_metrics_has_no_rss_checks(tmp_path):
+    assert server_memory.check(run_of(tmp_path)) == []
+    assert "no metrics.jsonl" in server_memory.section(run_of(tmp_path))["note"]
+
+
+def test_a_worker_killed_while_the_api_still_answers_is_no_swing(tmp_path):
+    """Seen on the real stack: the worker is SIGKILLed, the API process answers /metrics for
+    another second with the worker's RSS gone from its tree (3.3 → 1.25 GiB): that tree lost a
+    process — the fault — and is judged apart, not as a swing of the whole one."""
+    lines = write(tmp_path, [3.3 * GIB] * 16 + [1.25 * GIB] * 8 + [None] * 10 + [3.0 * GIB] * 26,
+                  pid=lambda i: 100 if i < 24 else 200)
+    for i, ln in enumerate(lines):
+        if ln["ok"]:
+            ln["tree_pids"] = [100, 101, 102, 103] if i < 16 else ([100, 101, 102] if i < 24 else [200, 201, 202, 203])
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    res = by_name(server_memory.check(run_of(tmp_path)))
+    assert all(r.passed for r in res.values()), [r for r in res.values() if not r.passed]
+    for ln in lines:                       # the same series without the tree's membership: a swing
+        ln.pop("tree_pids", None)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    assert not by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"].passed

@@ -1,0 +1,132 @@
+"""Helpers for the cgroup tests: plain child processes (a busy loop, an allocator, a
+parent with children) and a minimal server whose ``roles()`` are such a tree, so the
+cgroup families can be driven through the real injector without vLLM."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from faults import cgroup
+from harness.errors import FaultError
+
+BUSY = "import time\nwhile True:\n    pass\n"
+#: A parent that starts ``n`` busy children and then sleeps (a "server tree").
+TREE = ("import subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range({n})]\n"
+        "time.sleep(600)\n")
+#: Allocates ``step`` MiB every 50 ms up to ``total`` MiB, touching every page; prints each step.
+ALLOC = ("import sys, time\nblocks = []\n"
+         "for i in range({total} // {step}):\n"
+         "    b = bytearray({step} << 20)\n    b[::4096] = b'x' * len(b[::4096])\n    blocks.append(b)\n"
+         "    print(i, flush=True)\n    time.sleep(0.05)\n"
+         "time.sleep(600)\n")
+
+
+def writable(controller: str) -> bool:
+    try:
+        cgroup.check_writable(controller)
+        return True
+    except FaultError:
+        return False
+
+
+def needs_cgroup(controller: str):
+    return pytest.mark.skipif(not writable(controller),
+                              reason=f"needs a writable {controller} cgroup (root, cgroup v1 here)")
+
+
+def cpu_rate(pids: list[int], seconds: float) -> float:
+    """CPUs used by these processes together over ``seconds`` (psutil user+system)."""
+    procs = [psutil.Process(p) for p in pids]
+
+    def total() -> float:
+        s = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                s += t.user + t.system
+            except psutil.Error:
+                pass
+        return s
+
+    c0, t0 = total(), time.monotonic()
+    time.sleep(seconds)
+    return (total() - c0) / (time.monotonic() - t0)
+
+
+def specchaos_cgroups(controller: str) -> list[Path]:
+    """Every ``specchaos-*`` directory in the controller's hierarchy (none may be left)."""
+    h = cgroup.hierarchy(controller)
+    return [Path(d) / n for d, dirs, _ in os.walk(h.mount) for n in dirs if n.startswith(cgroup.PREFIX)
+            and not n.startswith(f"{cgroup.PREFIX}probe-")]
+
+
+class PlainServer:
+    """A "server" whose process tree is a plain child process (role ``api``) and its
+    descendants; no HTTP (``/metrics`` unanswered)."""
+
+    name = "spec"
+    model = "none"
+    incarnation = 0
+    restarts: list[dict[str, Any]] = []
+
+    def __init__(self, proc: psutil.Process, base_url: str = "http://127.0.0.1:9"):
+        self.proc = proc
+        self.base_url = base_url
+
+    def roles(self) -> dict[str, list[psutil.Process]]:
+        """``api``: the process; ``worker``: its children (busy loops of :data:`TREE`)."""
+        try:
+            kids = self.proc.children()
+        except psutil.Error:
+            kids = []
+        return {"api": [self.proc], "engine": [], "worker": kids}
+
+    def api_process(self) -> psutil.Process:
+        return self.proc
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def not_writable_root(tmp_path: Path, controller: str) -> Path:
+    """A ``SPECCHAOS_CGROUP_ROOT`` whose ``<controller>/<this process's cgroup>`` is a
+    directory even root cannot create a cgroup in (sysfs refuses mkdir: EPERM)."""
+    h = cgroup.hierarchy(controller)
+    own = cgroup.cgroup_of("self", h).relative_to(h.mount)
+    root = tmp_path / "cgroot"
+    leaf = root / controller / own
+    leaf.parent.mkdir(parents=True, exist_ok=True)
+    if leaf == root / controller / ".":
+        leaf = root / controller
+    leaf.symlink_to("/sys/kernel", target_is_directory=True)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def no_cgroup_left():
+    """Autouse in the cgroup test modules: a ``specchaos-*`` cgroup a test leaves behind (e.g.
+    after a failed assertion) is reverted, then reported as a failure."""
+    def ours() -> set[Path]:
+        out: set[Path] = set()
+        for c in ("cpu", "memory"):
+            try:
+                out |= set(specchaos_cgroups(c))
+            except FaultError:
+                pass
+        return out
+
+    before = ours()
+    yield
+    left = sorted(ours() - before)
+    for d in left:
+        cgroup.revert({"path": str(d), "parent": str(d.parent)})
+    assert not left, f"cgroups left behind: {left}"

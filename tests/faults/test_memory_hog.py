@@ -1,0 +1,83 @@
+"""``memory-hog`` for real: a hog process that takes host memory (pages touched),
+measured evidence, the safety floor, rollback, and bad input. No vLLM needed."""
+
+import psutil
+import pytest
+from pydantic import ValidationError
+
+from faults.memory_hog import GIB, MemoryHogParams, host_memory
+from faults.process_kill import same_process
+from harness.errors import FaultError
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+HALF_GIB = 0.5
+
+
+def test_the_hog_takes_memory_for_real_and_gives_it_back(make_injector):
+    inj = make_injector()
+    h = inj.inject("memory-hog", {"size_gib": HALF_GIB})
+    f = h.facts
+    assert f["taken_bytes"] == f["requested_bytes"] == int(HALF_GIB * GIB) and not f["capped"]
+    assert same_process(f["pid"], f["create_time"], f["cmdline"])
+    ev = inj.collect_evidence(h, 10)
+    o = ev.observations
+    assert ev.acted, ev.detail
+    assert o["hog_rss_bytes"] >= 0.9 * f["taken_bytes"]                 # the pages are really backed
+    assert o["drop_bytes"] >= 0.5 * f["taken_bytes"]                    # and the host has that much less
+    assert "available memory" in ev.detail and o["hog_rss_gib"] >= 0.45
+    assert psutil.Process(f["pid"]).memory_info().rss >= 0.9 * f["taken_bytes"]
+    inj.clear(h)
+    assert wait_until(lambda: not same_process(f["pid"], f["create_time"]), 5)
+    assert [e["state"] for e in inj.ctx.ledger.entries()] == ["cleared"]
+
+
+def test_the_safety_floor_caps_the_hog(make_injector):
+    _, available = host_memory()
+    floor_gib = (available - 0.25 * GIB) / GIB          # room for about 0.25 GiB only
+    h = make_injector().inject("memory-hog", {"size_gib": 2.0, "min_available_gib": floor_gib})
+    assert h.facts["capped"] and h.facts["taken_bytes"] < 2 * GIB
+    h.fault.clear(None)
+
+
+def test_leaving_more_than_is_available_fails_and_leaves_nothing(make_injector):
+    inj = make_injector()
+    _, available = host_memory()
+    with pytest.raises(FaultError, match="takes nothing"):
+        inj.inject("memory-hog", {"leave_free_gib": round(available / GIB + 0.5, 1)})
+    assert [e["state"] for e in inj.ctx.ledger.entries()] == ["cleared"]
+
+
+def test_a_dead_hog_is_no_evidence(make_injector):
+    inj = make_injector()
+    h = inj.inject("memory-hog", {"size_gib": 0.1})
+    psutil.Process(h.facts["pid"]).kill()
+    assert wait_until(lambda: not same_process(h.facts["pid"], h.facts["create_time"]), 5)
+    ev = inj.collect_evidence(h, 5)
+    assert not ev.acted and "gone" in ev.detail
+    inj.clear(h)
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"size_gib": 0}, "size_gib"), ({"size_gib": -1}, "size_gib"), ({"leave_free_gib": -0.5}, "leave_free_gib"),
+    ({"size_gib": 10_000}, "size_gib"), ({"leave_free_gib": 10_000}, "leave_free_gib"),
+    ({"size_gib": 1, "min_available_gib": -1}, "min_available_gib"), ({"size_gib": 1, "device": "tpu"}, "device"),
+])
+def test_bad_sizes_name_the_field(args, field):
+    with pytest.raises(ValidationError) as ei:
+        MemoryHogParams(**args)
+    assert ei.value.errors()[0]["loc"] == (field,)
+
+
+def test_one_size_exactly():
+    for args in ({}, {"size_gib": 1, "leave_free_gib": 1}):
+        with pytest.raises(ValidationError, match="exactly one of size_gib"):
+            MemoryHogParams(**args)
+
+
+def test_gpu_hog_without_a_gpu_is_refused():
+    with pytest.raises(ValidationError, match="no NVIDIA GPU") as ei:
+        MemoryHogParams(size_gib=1, device="gpu")
+    assert ei.value.errors()[0]["loc"] == ("device",)
