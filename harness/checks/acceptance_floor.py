@@ -1,0 +1,141 @@
+"""Acceptance floor: does speculation still pay for every prompt length?
+
+Judged from the load records alone (no server is asked): the client-side acceptance rate
+of :mod:`harness.metrics.client_acceptance` — accepted draft tokens ÷ (decode steps ×
+``num_speculative_tokens``), from the tokens each streamed engine step carried — per
+prompt-length bucket (``prompt_class``), per sampling class, in each phase of
+``acceptance_floor.phases`` (default baseline and after: the fault phase may degrade).
+
+* ``acceptance_floor.<phase>.<bucket>.<sampling>`` (category ``speculation``) — the rate is
+  at least the floor of that bucket and class
+  (:meth:`~harness.checks.config.AcceptanceFloorConfig.floor_for`: greedy requests against
+  ``floor``/``buckets``, default 0.6; a sampled class only when ``sampling`` names it,
+  because sampling alone lowers acceptance several-fold even for a perfect draft).
+
+Not judged, and said so in the section (``floors[].reason``, ``note``): a stack without
+speculation (no method or no speculative tokens), a run whose speculative settings were
+not recorded, a phase that did not happen, a bucket × class with fewer than
+``min_steps`` counted steps, a sampled class without a configured floor, requests sent
+while the server decoded without speculation (after a ``server_respeculating`` event to
+plain decoding: a draft swap to none, the circuit breaker's hard trip).
+
+``num_speculative_tokens`` and the method are the run's recorded stack settings
+(``config.json``'s ``stack``, what ``report.json["stack"]["speculative"]`` shows), changed
+for the requests sent after each ``server_respeculating`` timeline event of the ``spec``
+server (its ``new`` settings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.config import AcceptanceFloorConfig
+from harness.metrics.client_acceptance import STEP_GAP_S, acceptance_table, speculation_changes
+
+__all__ = ["speculation", "judge_floors", "check", "section"]
+
+_MEMO = "acceptance_floor"
+
+
+def speculation(run: RecordedRun) -> tuple[str | None, int | None, str | None]:
+    """``(method, num_speculative_tokens, why_not)`` of the run's speculative server, from its
+    recorded stack settings; ``why_not`` says why acceptance cannot be judged (no
+    speculation, or settings not recorded), else None."""
+    stack = getattr(run.limits, "stack", None)
+    if stack is None:
+        return None, None, "the run's speculative settings were not recorded"
+    method = getattr(stack, "method", None)
+    k = getattr(stack, "num_speculative_tokens", None)
+    if method in (None, "", "none") or not k:
+        if any(m for _t, m, _k in speculation_changes(run.events)):
+            return None, None, None   # started plain, speculating after a restart
+        return None, None, "the speculative server runs without speculation"
+    return str(method), int(k), None
+
+
+def _config(run: RecordedRun) -> AcceptanceFloorConfig:
+    return getattr(run.limits, "acceptance_floor", None) or AcceptanceFloorConfig()
+
+
+def judge_floors(table: dict[str, Any], cfg: AcceptanceFloorConfig) -> tuple[list[CheckResult], list[dict[str, Any]]]:
+    """The floor checks over an :func:`~harness.metrics.client_acceptance.acceptance_table`.
+
+    Returns:
+        ``(checks, floors)``: one check per judged phase × bucket × sampling class, and one
+        row per bucket × class seen (judged or not): ``{"phase", "bucket", "sampling",
+        "floor", "acceptance_rate", "mean_acceptance_length", "steps", "judged", "reason"}``.
+    """
+    checks: list[CheckResult] = []
+    rows: list[dict[str, Any]] = []
+    for ph in cfg.phases:
+        data = table["phases"].get(ph)
+        empty = None if data is None else not data["buckets"]
+        if data is None or empty:
+            plain = 0 if data is None else data["requests_without_speculation"]
+            rows.append({"phase": ph, "bucket": None, "sampling": None, "floor": None, "acceptance_rate": None,
+                         "mean_acceptance_length": None, "steps": 0, "judged": False,
+                         "reason": f"no {ph} phase in this run" if data is None else
+                         f"no complete request with speculation in the {ph} phase"
+                         + (f" ({plain} sent while the server decoded without speculation)" if plain else "")})
+            continue
+        seen_classes = {cls for classes in data["buckets"].values() for cls in classes}
+        for bucket, cls in ([(b, "greedy") for b in cfg.buckets if b not in data["buckets"]]
+                            + [(None, c) for c in cfg.sampling if c not in seen_classes]):
+            rows.append({"phase": ph, "bucket": bucket, "sampling": cls, "floor": cfg.floor_for(bucket or "", cls),
+                         "acceptance_rate": None, "mean_acceptance_length": None, "steps": 0, "judged": False,
+                         "reason": f"configured, but no complete {'request' if bucket is None else bucket + ' request'}"
+                                   f" of class {cls!r} with speculation in the {ph} phase"})
+        for bucket, classes in data["buckets"].items():
+            for cls, t in classes.items():
+                floor = cfg.floor_for(bucket, cls)
+                rate, steps = t["acceptance_rate"], t["steps"]
+                reason = None
+                if floor is None:
+                    reason = f"sampled class {cls!r} has no floor (acceptance_floor.sampling)"
+                elif steps < cfg.min_steps:
+                    reason = f"{steps} counted steps < min_steps {cfg.min_steps}"
+                rows.append({"phase": ph, "bucket": bucket, "sampling": cls, "floor": floor, "acceptance_rate": rate,
+                             "mean_acceptance_length": t["mean_acceptance_length"], "steps": steps,
+                             "judged": reason is None, "reason": reason})
+                if reason is not None:
+                    continue
+                checks.append(CheckResult(
+                    f"acceptance_floor.{ph}.{bucket}.{cls}", "speculation", rate >= floor, round(rate, 4), floor,
+                    f"client-side acceptance rate {rate:.3f} over {steps} decode steps of {t['requests']} requests "
+                    f"(mean acceptance length {t['mean_acceptance_length']:.2f} tokens per step)"))
+    return checks, rows
+
+
+def _judged(run: RecordedRun) -> dict[str, Any]:
+    if _MEMO in run.memo:
+        return run.memo[_MEMO]
+    cfg = _config(run)
+    method, k, why_not = speculation(run)
+    out: dict[str, Any] = {"source": "client", "method": method, "num_speculative_tokens": k,
+                           "step_gap_s": STEP_GAP_S, "judged": False, "note": why_not, "checks": []}
+    if why_not is None:
+        table = acceptance_table(run.records, k, run.members, STEP_GAP_S, speculation_changes(run.events))
+        checks, rows = judge_floors(table, cfg)
+        reasons = "; ".join(sorted({r["reason"] for r in rows if r["reason"]})) or "no complete speculative request"
+        out.update({"total": table["total"], "buckets": table["buckets"], "phases": table["phases"],
+                    "speculation_changes": table["speculation_changes"],
+                    "floors": rows, "judged": bool(checks), "checks": checks,
+                    "note": None if checks else f"nothing judged: {reasons}"})
+    run.memo[_MEMO] = out
+    return out
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """The floor checks of a recorded run (module doc); none when not judged."""
+    return list(_judged(run)["checks"])
+
+
+def section(run: RecordedRun) -> dict[str, Any]:
+    """``report.json["acceptance_floor"]``: ``{"source": "client", "method",
+    "num_speculative_tokens", "step_gap_s", "judged", "note", "total", "buckets":
+    {bucket: {sampling: T}}, "phases": {phase: {"total": T, "buckets": ...}}, "floors":
+    [...]}`` with ``T`` as :meth:`harness.metrics.client_acceptance.Tally.to_dict`
+    (acceptance rate, mean acceptance length in tokens per step, per-position acceptance);
+    ``total``/``buckets``/``phases``/``floors`` are absent when there is no speculation."""
+    return {k: v for k, v in _judged(run).items() if k != "checks"}

@@ -1,0 +1,225 @@
+"""vLLM metrics scraper: every server's ``/metrics`` polled (default 2 Hz) into the run's
+``metrics.jsonl`` while the run lasts — recorded first, judged later
+(:mod:`harness.metrics.speculation` and the ``speculation`` / ``server_memory`` checks read
+the file; nothing here judges).
+
+``metrics.jsonl``: one JSON object per scrape per server, in the order written::
+
+    {"t": epoch s (when the answer arrived), "server": "spec"|"ref", "ok": true,
+     "counters": {"vllm:spec_decode_num_drafts_total": x, "vllm:spec_decode_num_draft_tokens_total": x,
+                  "vllm:spec_decode_num_accepted_tokens_total": x, "vllm:num_preemptions_total": x, ...},
+     "per_position": {"0": accepted at draft position 0, "1": ...},
+     "gauges": {"vllm:num_requests_running": n, "vllm:num_requests_waiting": n,
+                "vllm:kv_cache_usage_perc": fraction, "process_start_time_seconds": epoch s},
+     "histograms": {"vllm:time_to_first_token_seconds": {"buckets": {le: n}, "sum": s, "count": n}, ...},
+     "rss_bytes": int|None, "tree_pids": [int], "pid": int|None, "latency_s": s}
+
+    {"t": ..., "server": ..., "ok": false, "error": "one line", "rss_bytes": int|None, "tree_pids": [int],
+     "pid": int|None}
+
+Counter names as vLLM exposes the samples (with ``_total``), summed over label sets (see
+:func:`harness.metrics.prometheus.parse_page`); a metric the page lacks is absent, never 0.
+A scrape that fails — refused, timed out, non-200, unparsable — is a *gap* line
+(``ok: false``), never zeros. ``rss_bytes`` is the resident set size summed over the
+server's process tree (API process and every descendant, psutil; shared pages count once
+per process, as ``ps`` shows them), None when the server has no live API process;
+``tree_pids`` the processes it summed (a tree that lost its worker shows here), ``pid``
+the API process. Both are read on every line, gaps included (a frozen or busy server
+still has memory).
+
+Subscribers (:meth:`MetricsScraper.subscribe`) get every line dict as it is written, on
+the scraper's thread of that server — e.g. a speculation circuit breaker, which must not
+poll ``/metrics`` itself.
+
+Loopback only: a server URL whose host is not loopback is refused. Bounded: one daemon
+thread per server, stopped by :meth:`MetricsScraper.stop` (the session calls it on every
+exit) and dying with the harness in any case.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+
+from harness.clock import now
+from harness.errors import SpecchaosError
+from harness.metrics.prometheus import parse_page
+from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.timeline import Timeline
+
+__all__ = ["METRICS_FILE", "DEFAULT_INTERVAL_S", "DEFAULT_TIMEOUT_S", "ScrapedServer", "MetricsScraper",
+           "tree_memory", "tree_rss_bytes", "scrape_line"]
+
+log = logging.getLogger(__name__)
+
+#: The run file the lines go to.
+METRICS_FILE = "metrics.jsonl"
+#: Seconds between two scrapes of one server (2 Hz).
+DEFAULT_INTERVAL_S = 0.5
+#: Seconds one scrape may take before it is a gap.
+DEFAULT_TIMEOUT_S = 2.0
+
+Line = dict[str, Any]
+
+
+class ScrapedServer(Protocol):
+    """What the scraper needs of a server (the stack's servers have it)."""
+
+    base_url: str
+
+    def api_process(self) -> psutil.Process | None:
+        """The current API server process, or None when down."""
+
+
+def tree_memory(api: psutil.Process | None) -> tuple[int | None, list[int]]:
+    """``(rss_bytes, pids)``: RSS summed over ``api`` and all its live descendants, and
+    their pids (sorted); ``(None, [])`` when ``api`` is None or gone. Processes that vanish
+    while being read are skipped."""
+    if api is None:
+        return None, []
+    try:
+        procs = [api, *api.children(recursive=True)]
+    except psutil.Error:
+        return None, []
+    total, pids = 0, []
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+            pids.append(p.pid)
+        except psutil.Error:
+            continue
+    return (total, sorted(pids)) if pids else (None, [])
+
+
+def tree_rss_bytes(api: psutil.Process | None) -> int | None:
+    """RSS (bytes) summed over ``api`` and all its live descendants (:func:`tree_memory`)."""
+    return tree_memory(api)[0]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return " ".join(text.split())[:300]
+
+
+def scrape_line(client: httpx.Client, name: str, server: ScrapedServer) -> Line:
+    """Scrape ``server`` once and return its ``metrics.jsonl`` line (module doc): ``ok``
+    with the parsed page, or a gap with the reason. Never raises for a server that fails."""
+    try:
+        api = server.api_process()
+    except Exception:   # noqa: BLE001 - a server object mid-restart
+        api = None
+    pid = api.pid if api is not None else None
+    t0 = time.perf_counter()
+    line: Line
+    try:
+        resp = client.get(f"{server.base_url}/metrics")
+        if resp.status_code != 200:
+            line = {"t": now(), "server": name, "ok": False, "error": f"HTTP {resp.status_code} from /metrics"}
+        else:
+            line = {"t": now(), "server": name, "ok": True, **parse_page(resp.text)}
+    except (httpx.HTTPError, ValueError, UnicodeDecodeError) as exc:   # ValueError: unparsable page
+        line = {"t": now(), "server": name, "ok": False, "error": _one_line(exc)}
+    line["rss_bytes"], line["tree_pids"] = tree_memory(api)
+    line["pid"] = pid
+    if line["ok"]:
+        line["latency_s"] = round(time.perf_counter() - t0, 6)
+    return line
+
+
+class MetricsScraper:
+    """Scrapes every server's ``/metrics`` every ``interval_s`` into ``path`` (module doc)
+    between :meth:`start` and :meth:`stop`.
+
+    Args:
+        path: the ``metrics.jsonl`` file (appended to).
+        servers: ``{"spec": server, "ref": server}``; each needs ``base_url`` and
+            ``api_process()`` (:class:`ScrapedServer`), read again on every scrape so a
+            restarted server is followed.
+        interval_s: seconds between the starts of two scrapes of one server (> 0).
+        timeout_s: seconds one scrape may take (> 0); a slower one is a gap.
+        timeline: where the ``metrics_scraper`` start event goes (source ``metrics``:
+            ``servers``, ``interval_s``, ``path``); None: nowhere.
+
+    Raises:
+        SpecchaosError: a server's URL is not on loopback.
+        ValueError: ``interval_s`` or ``timeout_s`` not > 0.
+    """
+
+    def __init__(self, path: str | Path, servers: Mapping[str, ScrapedServer], interval_s: float = DEFAULT_INTERVAL_S,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, timeline: Timeline | None = None):
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError("interval_s and timeout_s must be > 0")
+        for name, server in servers.items():
+            host = urlsplit(server.base_url).hostname or ""
+            if not is_loopback_host(host):
+                raise SpecchaosError(f"server {name!r} is at {server.base_url}: not loopback", where="metrics scraper",
+                                     hint=LOOPBACK_HINT)
+        self.path = Path(path)
+        self.servers = dict(servers)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.timeline = timeline
+        self._subscribers: list[Callable[[Line], None]] = []
+        self._failed_subscribers: set[int] = set()
+        self._lock = threading.Lock()   # one writer at a time; subscribers in write order per server
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.lines_written = 0
+
+    def subscribe(self, callback: Callable[[Line], None]) -> None:
+        """Call ``callback(line)`` with every line dict (module doc) right after it is
+        written, on the scraping thread of that line's server; a callback that raises is
+        logged and called again with the next line."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def start(self) -> None:
+        """Start one scraping thread per server."""
+        if self.timeline is not None:
+            self.timeline.emit("metrics", "metrics_scraper", servers=sorted(self.servers), interval_s=self.interval_s,
+                               path=self.path.name)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for name, server in self.servers.items():
+            th = threading.Thread(target=self._loop, args=(name, server), name=f"metrics-{name}", daemon=True)
+            self._threads.append(th)
+            th.start()
+
+    def write(self, line: Line) -> None:
+        """Append ``line`` to the file and hand it to every subscriber."""
+        with self._lock:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line) + "\n")
+            self.lines_written += 1
+            subscribers = list(self._subscribers)
+        for cb in subscribers:
+            try:
+                cb(line)
+            except Exception:   # noqa: BLE001 - a subscriber's bug must not stop the recording
+                if id(cb) not in self._failed_subscribers:
+                    self._failed_subscribers.add(id(cb))
+                    log.exception("metrics subscriber %r raised (logged once; it keeps getting lines)", cb)
+
+    def _loop(self, name: str, server: ScrapedServer) -> None:
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.write(scrape_line(client, name, server))
+                except Exception as exc:   # noqa: BLE001 - e.g. the disk is full: say so, keep going
+                    log.error("metrics scrape of %s failed to record: %s", name, exc)
+                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        """Stop every scraping thread (idempotent; waits at most ``timeout_s`` + 1 s each)."""
+        self._stop.set()
+        for th in self._threads:
+            if th.is_alive():
+                th.join(timeout=self.timeout_s + 1.0)

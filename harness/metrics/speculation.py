@@ -1,0 +1,238 @@
+"""Speculative decoding as the server counts it: pure functions over ``metrics.jsonl``
+lines (:mod:`harness.metrics.scraper`) — counter increments across restarts, acceptance per
+phase and per time window.
+
+Definitions (vLLM's spec-decode metrics, ``vllm/v1/spec_decode/metrics.py``), each over
+the counters' increase in a window:
+
+* **acceptance rate** = Δ``vllm:spec_decode_num_accepted_tokens_total`` ÷
+  Δ``vllm:spec_decode_num_draft_tokens_total`` (a fraction of the proposed draft tokens);
+* **mean acceptance length** = 1 + Δaccepted ÷ Δ``vllm:spec_decode_num_drafts_total``
+  (tokens produced per verification step, the bonus token included);
+* **per-position acceptance** = Δ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}``
+  ÷ Δdrafts (how often draft position i was accepted; non-increasing in i).
+
+Counters and restarts: a counter's increase between two successful scrapes of one server
+is the difference of its values, unless the server restarted in between — its value went
+*down*, or the scraped process changed (``process_start_time_seconds`` on the page, else
+the API ``pid`` the scraper recorded) — then the new process counted from 0 and the
+increase is the new value (Prometheus' ``increase()`` rule): never negative, nothing
+counted twice. Failed scrapes (gap lines) are skipped, never read as zeros; the increase
+across a gap is still counted, at the first successful scrape after it. Every increase is
+attributed to the instant of the later scrape (``t1``): a window or phase ``[start, end)``
+holds the increments with ``start ≤ t1 < end``, so with 2 Hz scraping attribution is
+accurate to 0.5 s. A restart that neither lowers the counter nor changes the process
+markers (a launcher that gives no pid, on a page without the process collector) cannot be
+seen and is counted as a plain increase.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+__all__ = ["DRAFTS", "DRAFT_TOKENS", "ACCEPTED", "Increment", "read_series", "server_lines", "servers_in",
+           "incarnation", "counter_increments", "is_speculative", "SpeculationSeries", "acceptance",
+           "window_acceptance"]
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+
+Line = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Increment:
+    """A counter's increase between two successful scrapes of one server.
+
+    Fields:
+        t0: epoch s of the earlier scrape that had the counter.
+        t1: epoch s of this scrape (the increase is attributed here).
+        delta: the increase (≥ 0).
+        reset: the server restarted in between (the new process's value is the increase).
+        gap: failed scrapes lay between the two.
+    """
+
+    t0: float
+    t1: float
+    delta: float
+    reset: bool
+    gap: bool
+
+
+def read_series(path: str | Path) -> list[Line]:
+    """The lines of a ``metrics.jsonl`` file in time order; a missing file is empty, a line
+    that is not a JSON object with ``t`` and ``server`` is skipped."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for raw in p.read_text(encoding="utf-8").splitlines():
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("t"), (int, float)) and "server" in line:
+            out.append(line)
+    out.sort(key=lambda ln: ln["t"])
+    return out
+
+
+def servers_in(lines: Iterable[Line]) -> list[str]:
+    """Server names in the lines, ``spec`` first, then ``ref``, then the rest sorted."""
+    names = {ln["server"] for ln in lines}
+    order = {"spec": 0, "ref": 1}
+    return sorted(names, key=lambda n: (order.get(n, 2), n))
+
+
+def server_lines(lines: Iterable[Line], server: str) -> list[Line]:
+    """One server's lines, in time order."""
+    return sorted((ln for ln in lines if ln.get("server") == server), key=lambda ln: ln["t"])
+
+
+def incarnation(line: Line) -> Any:
+    """What identifies the server process a successful line came from: the page's
+    ``process_start_time_seconds``, else the scraper's ``pid``, else None (unknown)."""
+    start = (line.get("gauges") or {}).get("process_start_time_seconds")
+    return ("start", start) if start is not None else (("pid", line["pid"]) if line.get("pid") is not None else None)
+
+
+def counter_increments(lines: Iterable[Line], value: Callable[[Line], float | None]) -> list[Increment]:
+    """The increments of one counter of one server (module doc: restarts, gaps).
+
+    Args:
+        lines: one server's lines in time order (gaps included).
+        value: the counter's value in a successful line, None where the line lacks it
+            (such a line is skipped for this counter, neither a gap nor a zero).
+
+    Returns:
+        One :class:`Increment` per successful line after the first one that had the counter.
+    """
+    out: list[Increment] = []
+    prev: tuple[float, float, Any] | None = None
+    gap = False
+    for ln in lines:
+        if not ln.get("ok"):
+            gap = True
+            continue
+        v = value(ln)
+        if v is None:
+            continue
+        key = incarnation(ln)
+        if prev is not None:
+            t0, v0, key0 = prev
+            reset = v < v0 or (key is not None and key0 is not None and key != key0)
+            out.append(Increment(t0, float(ln["t"]), float(v) if reset else float(v - v0), reset, gap))
+        prev, gap = (float(ln["t"]), float(v), key), False
+    return out
+
+
+def _counter(name: str) -> Callable[[Line], float | None]:
+    return lambda ln: (ln.get("counters") or {}).get(name)
+
+
+def _position(pos: str) -> Callable[[Line], float | None]:
+    return lambda ln: (ln.get("per_position") or {}).get(pos)
+
+
+def is_speculative(lines: Iterable[Line]) -> bool:
+    """Whether a server's successful scrapes ever carried vLLM's spec-decode counters (a
+    server without speculation, e.g. the reference, has none)."""
+    return any(DRAFT_TOKENS in (ln.get("counters") or {}) for ln in lines if ln.get("ok"))
+
+
+class SpeculationSeries:
+    """One server's spec-decode increments, computed once, summed over any window.
+
+    Args:
+        lines: that server's ``metrics.jsonl`` lines (any order).
+    """
+
+    def __init__(self, lines: Iterable[Line]):
+        self.lines = sorted(lines, key=lambda ln: ln["t"])
+        self.speculative = is_speculative(self.lines)
+        self.drafts = counter_increments(self.lines, _counter(DRAFTS))
+        self.draft_tokens = counter_increments(self.lines, _counter(DRAFT_TOKENS))
+        self.accepted = counter_increments(self.lines, _counter(ACCEPTED))
+        positions = sorted({p for ln in self.lines if ln.get("ok") for p in (ln.get("per_position") or {})},
+                           key=lambda p: (not p.isdigit(), int(p) if p.isdigit() else 0, p))
+        self.per_position = {p: counter_increments(self.lines, _position(p)) for p in positions}
+
+    @property
+    def first_t(self) -> float | None:
+        """Epoch s of the first successful scrape (None without one)."""
+        return next((float(ln["t"]) for ln in self.lines if ln.get("ok")), None)
+
+    @property
+    def last_t(self) -> float | None:
+        """Epoch s of the last successful scrape (None without one)."""
+        return next((float(ln["t"]) for ln in reversed(self.lines) if ln.get("ok")), None)
+
+    def stats(self, start: float, end: float) -> dict[str, Any]:
+        """Acceptance over increments with ``start ≤ t1 < end`` (epoch s); see :func:`acceptance`."""
+        return acceptance(self, start, end)
+
+
+def _sum(incs: list[Increment], start: float, end: float) -> float:
+    return float(sum(i.delta for i in incs if start <= i.t1 < end))
+
+
+def acceptance(series: SpeculationSeries, start: float, end: float) -> dict[str, Any]:
+    """Speculative decoding as vLLM counted it in ``[start, end)`` (module doc).
+
+    Returns:
+        ``{"drafts", "draft_tokens", "accepted_tokens"`` (increases, counts),
+        ``"acceptance_rate"`` (fraction; None without draft tokens),
+        ``"mean_acceptance_length"`` (tokens per step; None without drafts),
+        ``"per_position_acceptance"`` ([fraction per draft position, 0 first]; [] without drafts),
+        ``"samples"`` (successful scrapes in the window), ``"gaps"`` (failed ones),
+        ``"resets"`` (restarts seen: increments that started over)}.
+    """
+    drafts = _sum(series.drafts, start, end)
+    tokens = _sum(series.draft_tokens, start, end)
+    accepted = _sum(series.accepted, start, end)
+    per_pos = [(_sum(incs, start, end) / drafts) for incs in series.per_position.values()] if drafts else []
+    inside = [ln for ln in series.lines if start <= ln["t"] < end]
+    return {
+        "drafts": drafts, "draft_tokens": tokens, "accepted_tokens": accepted,
+        "acceptance_rate": accepted / tokens if tokens else None,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else None,
+        "per_position_acceptance": per_pos,
+        "samples": sum(1 for ln in inside if ln.get("ok")),
+        "gaps": sum(1 for ln in inside if not ln.get("ok")),
+        "resets": sum(1 for i in series.draft_tokens if i.reset and start <= i.t1 < end),
+    }
+
+
+def window_acceptance(series: SpeculationSeries, window_s: float, start: float | None = None,
+                      end: float | None = None) -> list[dict[str, Any]]:
+    """Acceptance over consecutive windows of ``window_s`` seconds (tumbling, from
+    ``start``, default the first successful scrape, up to ``end``, default the last one
+    included; a last partial window is kept).
+
+    Returns:
+        ``[{"start", "end", **acceptance(...)}]`` in time order; empty without successful scrapes.
+
+    Raises:
+        ValueError: ``window_s`` ≤ 0.
+    """
+    if window_s <= 0:
+        raise ValueError("window_s must be > 0")
+    t0 = series.first_t if start is None else start
+    t_last = series.last_t if end is None else end
+    if t0 is None or t_last is None:
+        return []
+    out = []
+    n = 0
+    while True:
+        a = t0 + n * window_s
+        if a > t_last or (end is not None and a >= end):
+            break
+        b = t0 + (n + 1) * window_s   # the next window's start, computed alike: no overlap, no hole
+        b = b if end is None else min(b, end)
+        out.append({"start": a, "end": b, **acceptance(series, a, b)})
+        n += 1
+    return out

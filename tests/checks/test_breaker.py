@@ -1,0 +1,109 @@
+"""The breaker checks over recorded data (pure): a healthy fallback passes; a trip too slow,
+a trip that never happens while the recorded rate breached, and a plain server that never
+serves fail; a run with the breaker off is not judged; nothing recorded is no pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.checks import breaker
+from harness.checks.run import recorded_run
+from harness.experiment.config import SpecchaosConfig
+from harness.stack.breaker import ACCEPTED, DRAFT_TOKENS
+from tests.factories import ev, make_record
+
+
+def cfg(**fallback) -> SpecchaosConfig:
+    return SpecchaosConfig.model_validate({
+        "stack": {"breaker": {"enabled": True, "window_s": 2.0, "min_draft_tokens": 10}},
+        "fallback": fallback})
+
+
+def metric_lines(t0: float, t1: float, acceptance: float, start=(0.0, 0.0)) -> list[dict]:
+    out, t, (d, a) = [], t0, start
+    while t <= t1 + 1e-9:
+        out.append({"t": t, "server": "spec", "ok": True, "counters": {DRAFT_TOKENS: d, ACCEPTED: a}})
+        t, d, a = t + 0.5, d + 50, a + 50 * acceptance
+    return out
+
+
+#: good draft 990-1000, swap (new incarnation 1, counters from 0) to a bad one 1000-1006:
+#: the recorded window first breaches at 1002.
+LINES = metric_lines(990, 999.5, 0.95, start=(1000, 950)) + metric_lines(1000, 1006, 0.2)
+
+
+def trip(t: float = 1002.5, inc: int = 2) -> dict:
+    return ev(t, "breaker_tripped", source="breaker", server="spec", level="hard", breach_t=t, rejection_rate=0.8,
+              limit=0.3, window_s=2.0, draft_tokens=200, old={}, new={"method": None}, incarnation=inc)
+
+
+def ready(t: float, inc: int = 2) -> dict:
+    return ev(t, "server_ready", source="stack", server="spec", pid=1, incarnation=inc)
+
+
+def judged(tmp_path, events, records, lines=LINES, config=None):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    run = recorded_run(records, [], events, config or cfg(), run_dir=tmp_path)
+    return {c.name: c for c in breaker.check(run)}, breaker.section(run)
+
+
+def test_a_timely_fallback_passes(tmp_path):
+    recs = [make_record(send_time=1010.0), make_record(send_time=1024.9), make_record(send_time=1030.0)]
+    checks, sec = judged(tmp_path, [trip(), ready(1025.0)], recs)
+    assert checks["breaker.tripped"].passed and checks["breaker.tripped"].observed == pytest.approx(0.8)
+    fb = checks["breaker.fallback_s"]
+    # breach 1002 -> ready 1025 -> the first complete response ending after it: 1024.9 + 0.251
+    assert fb.passed and fb.observed == pytest.approx(1025.151 - 1002.0, abs=1e-3) and fb.limit == 30.0
+    assert sec["first_breach"]["t"] == 1002.0 and sec["plain_ready_at"] == 1025.0
+
+
+def test_a_trip_too_slow_fails(tmp_path):
+    recs = [make_record(send_time=1050.0)]
+    checks, _ = judged(tmp_path, [trip(1040.0), ready(1045.0)], recs)
+    fb = checks["breaker.fallback_s"]
+    assert checks["breaker.tripped"].passed
+    assert not fb.passed and fb.observed == pytest.approx(48.251, abs=1e-3)
+
+
+def test_the_limit_is_configurable(tmp_path):
+    recs = [make_record(send_time=1050.0)]
+    checks, _ = judged(tmp_path, [trip(1040.0), ready(1045.0)], recs, config=cfg(max_s=60))
+    assert checks["breaker.fallback_s"].passed and checks["breaker.fallback_s"].limit == 60
+
+
+def test_a_breach_without_a_trip_fails_both(tmp_path):
+    checks, sec = judged(tmp_path, [], [make_record(send_time=1010.0)])
+    assert not checks["breaker.tripped"].passed and "never fell back" in checks["breaker.tripped"].detail
+    assert not checks["breaker.fallback_s"].passed and checks["breaker.fallback_s"].observed is None
+    assert "never tripped" in checks["breaker.fallback_s"].detail
+
+
+def test_a_plain_server_that_never_serves_fails(tmp_path):
+    failed = make_record(send_time=1030.0, status=500, error="http", done=False, ok=False)
+    checks, _ = judged(tmp_path, [trip(), ready(1025.0)], [failed])
+    assert not checks["breaker.fallback_s"].passed and "no complete response" in checks["breaker.fallback_s"].detail
+
+
+def test_healthy_acceptance_passes_without_fallback(tmp_path):
+    checks, sec = judged(tmp_path, [], [], lines=metric_lines(990, 1010, 0.9))
+    assert set(checks) == {"breaker.tripped"} and checks["breaker.tripped"].passed
+    assert sec["windows_judged"] > 10 and sec["first_breach"] is None
+
+
+def test_nothing_recorded_is_no_pass(tmp_path):
+    checks, _ = judged(tmp_path, [], [], lines=[])
+    assert not checks["breaker.tripped"].passed and checks["breaker.tripped"].observed is None
+
+
+def test_a_breaker_that_is_off_is_not_judged(tmp_path):
+    run = recorded_run([], [], [], SpecchaosConfig(), run_dir=tmp_path)
+    assert breaker.check(run) == [] and breaker.section(run) is None
+
+
+def test_failed_scrapes_are_gaps_not_zeros(tmp_path):
+    gaps = [{"t": t, "server": "spec", "ok": False, "error": "timeout"} for t in (1003.1, 1003.2)]
+    checks, sec = judged(tmp_path, [trip(), ready(1025.0)], [make_record(send_time=1020.0)], lines=LINES + gaps)
+    checks, sec = judged(tmp_path, [trip(), ready(1025.0)], [make_record(send_time=1025.0)], lines=LINES + gaps)
+    assert sec["first_breach"]["t"] == 1002.0 and checks["breaker.fallback_s"].passed

