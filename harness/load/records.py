@@ -58,6 +58,11 @@ class RequestRecord:
             Records written before this field existed read as ``"spec"``.
         sampling: the name of the request's sampling class (``load.sampling``, e.g.
             ``"greedy"``, temperature 0); older records read as ``"greedy"``.
+        attempt: 1 for a request's first try; ``n`` for the ``n``-th try of the same
+            logical request under the client's retry policy (``load.retry``).
+        logical_id: shared by every try of one logical request (a user-visible request);
+            empty for records written before retries existed (then ``request_id`` stands
+            for it, see :meth:`logical`).
     """
 
     request_id: str
@@ -83,6 +88,13 @@ class RequestRecord:
     ok: bool = False
     server: str = "spec"
     sampling: str = "greedy"
+    attempt: int = 1
+    logical_id: str = ""
+
+    @property
+    def logical(self) -> str:
+        """The id of the logical (user-visible) request this try belongs to."""
+        return self.logical_id or self.request_id
 
     @property
     def end_time(self) -> float | None:
