@@ -79,6 +79,7 @@ import json
 import logging
 import os
 import random
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -372,6 +373,22 @@ class ProfileShape(LoadTestShape):
             return None
         spawn_rate = (opts.spawn_rate if opts is not None and opts.spawn_rate else 1.0)
         return users_at(SETTINGS.profile, t, 1), spawn_rate
+
+
+@events.init.add_listener
+def _graceful_sigterm_with_a_shape(environment, **_kwargs) -> None:
+    """Headless locust (2.47) blocks on a shape before it installs its SIGTERM handler, so
+    SIGTERM would kill it outright (requests in flight unrecorded). With the shape active,
+    SIGTERM quits the runner gracefully here (users get ``--stop-timeout``), as it does
+    without a shape."""
+    if ProfileShape.abstract or environment.runner is None:
+        return
+
+    def on_sigterm() -> None:
+        log.info("SIGTERM: stopping the shaped load")
+        gevent.spawn(environment.runner.quit)
+
+    gevent.signal_handler(signal.SIGTERM, on_sigterm)
 
 
 @dataclass
