@@ -95,8 +95,8 @@ def value_at(segments: Sequence[Segment], t: float) -> float:
 
 
 def users_at(profile: ProfileConfig, t: float, default_users: int = 1) -> int:
-    """Closed loop: users that should run at ``t`` s (rounded to the nearest whole user)."""
-    return int(round(value_at(schedule(profile, default_users), t)))
+    """Closed loop: users that should run at ``t`` s (the nearest whole user, halves up)."""
+    return int(math.floor(value_at(schedule(profile, default_users), t) + 0.5))
 
 
 def rate_at(profile: ProfileConfig, t: float) -> float:

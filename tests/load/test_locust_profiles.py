@@ -72,6 +72,20 @@ def test_concurrency_steps_change_the_users(server, run_dir):
     assert {r.user_id for r in recs} == {0, 1, 2}
 
 
+def test_a_ramp_adds_users_over_its_duration(server, run_dir):
+    lp = make(server, run_dir, "normal", profile={"kind": "closed", "users": 3, "ramp": {"from_users": 1, "duration_s": 4}})
+    lp.start()
+    try:
+        assert wait_for(lambda: len({r.user_id for r in read_records(lp.records_path)}) >= 3, 30)
+    finally:
+        assert lp.stop() == 0
+    recs = sorted(read_records(lp.records_path), key=lambda r: r.send_time)
+    start = {u: min(r.send_time for r in recs if r.user_id == u) for u in (0, 1, 2)}
+    # 1 + 2 t / 4 users, halves up: 1 user until 1 s, 2 from 1 s, 3 from 3 s (locust ticks each second)
+    assert start[0] < start[1] < start[2]
+    assert start[2] - start[0] >= 1.5
+
+
 def test_retries_resend_the_same_request_under_one_logical_id(server, run_dir):
     # "flaky": HTTP 503 for the first two requests of each prompt text, then the stream
     lp = make(server, run_dir, "flaky", users=1, seed=4,
@@ -105,3 +119,21 @@ def test_no_retries_when_the_policy_says_none(server, run_dir):
     assert lp.stop() == 0
     recs = read_records(lp.records_path)
     assert recs and all(r.attempt == 1 for r in recs) and len({r.logical_id for r in recs}) == len(recs)
+
+
+def test_the_locust_command_carries_the_profile_and_the_policy(tmp_path):
+    from harness.load.config import LoadConfig
+    from harness.load.locust_process import LocustProcess
+
+    def lp(**cfg):
+        return LocustProcess("http://127.0.0.1:9", prompts_path=tmp_path / "p.json", records_path=tmp_path / "r.jsonl",
+                             model="m", cfg=LoadConfig(**cfg), run_time_s=5, log_path=tmp_path / "l.log")
+
+    closed = lp(users=5)
+    assert closed.command()[closed.command().index("-u") + 1] == "5"
+    env = closed.environment()
+    assert json.loads(env["SPECCHAOS_PROFILE"])["users"] == 5 and json.loads(env["SPECCHAOS_RETRY"])["max_retries"] == 2
+    opened = lp(profile={"kind": "open", "rate": 3}, retry={"max_retries": 0})
+    assert opened.command()[opened.command().index("-u") + 1] == "1"
+    assert json.loads(opened.environment()["SPECCHAOS_PROFILE"])["rate"] == 3
+    assert json.loads(opened.environment()["SPECCHAOS_RETRY"])["max_retries"] == 0

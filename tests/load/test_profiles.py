@@ -81,6 +81,8 @@ def test_closed_loop_users_over_time():
     assert [users_at(p, t) for t in (0, 10, 20, 40, 59, 60, 89, 90, 500)] == [0, 2, 4, 8, 8, 2, 2, 12, 12]
     assert max_users(p) == 12
     assert users_at(ProfileConfig(), 100, default_users=5) == 5 and max_users(ProfileConfig(), 5) == 5
+    ramp = ProfileConfig(users=3, ramp={"from_users": 1, "duration_s": 4})
+    assert [users_at(ramp, t) for t in (0, 0.9, 1, 2.9, 3, 4)] == [1, 1, 2, 2, 3, 3]   # halves round up
 
 
 def test_arrivals_only_for_an_open_loop():
