@@ -52,8 +52,9 @@ Configuration (environment variables, all set by ``LocustProcess``):
 * ``SPECCHAOS_MAX_REQUESTS``: requests this process may send in all; when reached, the
   runner quits (default 20000).
 * ``SPECCHAOS_THINK_TIME_S``: wait after a successful request (default 0).
-* ``SPECCHAOS_ERROR_BACKOFF_S``: wait after a failed one, so a dead server is not
-  hammered in a tight loop (default 0.25; the larger of it and the think time is used).
+* ``SPECCHAOS_ERROR_BACKOFF_S``: wait after a failed logical request (all its tries), so
+  a dead server is not hammered in a tight loop (default 0.25; the larger of it and the
+  think time is used; closed loop only).
 * ``SPECCHAOS_SEED``: seed of the per-user prompt orders (default 1234).
 * ``SPECCHAOS_IGNORE_EOS``: ``1``/``true`` to ask for ``ignore_eos`` (default off).
 * ``SPECCHAOS_SAMPLING``: the sampling classes as a JSON list of
