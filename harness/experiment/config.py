@@ -74,11 +74,13 @@ class SpecchaosConfig(BaseModel):
     def _mirror_and_buckets(self) -> "SpecchaosConfig":
         if self.load.mirror and not self.stack.reference:
             raise ValueError("load.mirror needs the reference server: set stack.reference: true (or load.mirror: false)")
-        longest = self.load.longest_prompt_tokens()
-        if longest + self.load.max_tokens > self.stack.max_model_len:
-            raise ValueError(f"load.buckets: the longest prompts ({longest} tokens) plus load.max_tokens "
-                             f"({self.load.max_tokens}) exceed stack.max_model_len ({self.stack.max_model_len}): "
-                             f"shorten the bucket or raise stack.max_model_len")
+        name, longest, out = self.load.longest_request_tokens()
+        if longest + out > self.stack.max_model_len:
+            own = self.load.buckets is not None and any(b.name == name and b.max_tokens for b in self.load.buckets)
+            what = f"its max_tokens ({out})" if own else f"load.max_tokens ({out})"
+            raise ValueError(f"load.buckets: the longest prompts ({longest} tokens) plus {what} exceed "
+                             f"stack.max_model_len ({self.stack.max_model_len}) in bucket {name}: shorten the "
+                             f"bucket or raise stack.max_model_len")
         return self
 
 

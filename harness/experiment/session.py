@@ -37,6 +37,7 @@ from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.load.client import fetch_reference
 from harness.load.locust_process import LocustProcess, exit_reason
+from harness.load.profiles import load_section, read_load_stats
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import write_records
 from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 #: Files of a run directory that a new run replaces (besides ``logs/*.log``).
-RUN_FILES = ("records.jsonl", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
+RUN_FILES = ("records.jsonl", "load_stats.json", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
              "journal.json", "probes.jsonl", "prompts.json", "config.json", "experiment.json", GPU_FILE,
              METRICS_FILE)
 
@@ -155,8 +156,10 @@ class Session:
 
         lc = cfg.load
         self.prompts = build_bucketed_prompt_set(target_dir, lc.bucket_specs(), seed=lc.seed,
-                                                 max_tokens=lc.max_tokens)
+                                                 max_tokens=lc.max_tokens, max_tokens_by_bucket=lc.bucket_max_tokens())
         save_prompt_set(self.prompts_path, self.prompts)
+        self.info.meta["load"] = load_section(lc, self.prompts)   # run.json and report.json: profile, retry, digest
+        self.write_meta()
         if "ref" in self.stack.servers:
             ref = self.stack.servers["ref"]
             log.info("fetching reference outputs for %d prompts from the non-speculative server", len(self.prompts))
@@ -187,8 +190,9 @@ class Session:
                                   mirror_url=self.fault_ctx.load_urls["ref"] if mirror else None,
                                   mirror_model=mirror.model if mirror else None)
         self.load.start()
-        self.timeline.emit("runner", "load_started", users=lc.users, mirror=lc.mirror)
-        log.info("load running: %d users; warm-up %.0f s, baseline %.0f s", lc.users, ph.warmup_s, ph.baseline_s)
+        self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=lc.mirror, profile=lc.profile.kind)
+        log.info("load running: %s; warm-up %.0f s, baseline %.0f s", lc.profile.kind + " loop", ph.warmup_s,
+                 ph.baseline_s)
         self.sleep(ph.warmup_s)
         self.mark_phase("baseline")
         self.sleep(ph.baseline_s)
@@ -309,6 +313,9 @@ class Session:
         """Judge the recorded data (see :func:`harness.report.judge.judge_run`) with the
         Chaos Toolkit journal, write ``run.json`` and ``report.json``, return the report."""
         meta = dict(self.info.meta)
+        stats = read_load_stats(self.out_dir / "load_stats.json")
+        if stats is not None and isinstance(meta.get("load"), dict):
+            meta["load"] = dict(meta["load"], open_loop=stats)
         meta.update({
             "experiment": self.info.title,
             "source": self.info.source,

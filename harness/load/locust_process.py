@@ -68,6 +68,13 @@ def exit_reason(path: Path) -> str:
     return lines[-1][:200] if lines else "no log"
 
 
+def _describe(cfg: LoadConfig) -> str:
+    p = cfg.profile
+    if p.kind == "open":
+        return f"open loop {p.rate:g} req/s (burstiness {p.burstiness:g})"
+    return f"{cfg.closed_users()} users"
+
+
 class LocustProcess:
     """One headless locust run (see module doc).
 
@@ -131,7 +138,7 @@ class LocustProcess:
             sys.executable, "-m", "locust",
             "-f", str(LOCUSTFILE),
             "--headless",
-            "-u", str(self.cfg.users),
+            "-u", str(self.locust_users()),
             "-r", f"{self.cfg.spawn_rate:g}",
             "--host", self.host_url,
             "--run-time", f"{self.run_time_s}s",
@@ -140,6 +147,18 @@ class LocustProcess:
             "--exit-code-on-error", "0",  # failed requests are data; exit != 0 means locust broke
             "--loglevel", "INFO",
         ]
+
+    def locust_users(self) -> int:
+        """Locust's ``-u``: the closed loop's users (a shape overrides it when the profile
+        ramps or steps), or 1 for the open loop's arrival scheduler."""
+        return 1 if self.cfg.profile.kind == "open" else self.cfg.closed_users()
+
+    def profile_json(self) -> str:
+        """``SPECCHAOS_PROFILE``: the profile, a closed loop's ``users`` resolved."""
+        p = self.cfg.profile
+        if p.kind == "closed":
+            p = p.model_copy(update={"users": self.cfg.closed_users()})
+        return p.model_dump_json()
 
     def environment(self) -> dict[str, str]:
         """The child's environment: ours without ``LOCUST_*`` (no stray locust settings),
@@ -160,6 +179,8 @@ class LocustProcess:
             "SPECCHAOS_SAMPLING": json.dumps([s.model_dump() for s in c.sampling]),
             "SPECCHAOS_MIRROR_HOST": self.mirror_url or "",
             "SPECCHAOS_MIRROR_MODEL": self.mirror_model or "",
+            "SPECCHAOS_PROFILE": self.profile_json(),
+            "SPECCHAOS_RETRY": c.retry.model_dump_json(),
         })
         return env
 
@@ -191,7 +212,7 @@ class LocustProcess:
         self.records_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command()
-        log.info("starting locust: %d users -> %s%s for %d s", self.cfg.users, self.host_url,
+        log.info("starting locust: %s -> %s%s for %d s", _describe(self.cfg), self.host_url,
                  f" and (mirror) {self.mirror_url}" if self.mirror_url else "", self.run_time_s)
         log.debug("locust argv: %s", cmd)
         with open(self.log_path, "ab") as logf:

@@ -58,11 +58,38 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     req = report.get("requests") or {}
     if req:
         t.append(f"   requests: {req.get('total', 0)} total, {req.get('ok', 0)} complete, {req.get('failed', 0)} failed")
+    workload = workload_line(report.get("load"))
+    if workload:
+        t.append("\n" + workload, style="dim")
     for e in report.get("errors") or []:
         t.append(f"\nerror: {e}", style="yellow")
     if report.get("interrupted"):
         t.append("\ninterrupted", style="yellow")
     return t
+
+
+def workload_line(load: Any) -> str:
+    """One line for ``report["load"]`` (:func:`harness.load.profiles.load_section`): the
+    profile, the retry policy and the plan digest (first 16 hex digits); ``""`` if absent."""
+    if not isinstance(load, dict):
+        return ""
+    p = load.get("profile") or {}
+    if p.get("kind") == "open":
+        what = f"open loop {_num(p.get('rate'))} req/s, burstiness {_num(p.get('burstiness'))}, " \
+               f"max in flight {p.get('max_in_flight')}"
+    else:
+        what = f"closed loop {p.get('users')} users"
+    if p.get("ramp") or p.get("steps"):
+        what += f" (ramp{'' if p.get('ramp') else ' none'}, {len(p.get('steps') or [])} steps)"
+    r = load.get("retry") or {}
+    if r.get("max_retries"):
+        retry = (f"retry {r.get('backoff')} {_num(r.get('initial_s'))}..{_num(r.get('max_s'))} s "
+                 f"x{r.get('max_retries')}, jitter {r.get('jitter')}")
+    else:
+        retry = "no retries"
+    ol = load.get("open_loop") or {}
+    dropped = f"; {ol.get('dropped', 0)}/{ol.get('arrivals', 0)} arrivals dropped" if ol else ""
+    return f"workload: {what}; {retry}{dropped}; seed {load.get('seed')}, plan {str(load.get('plan_digest', ''))[:16]}"
 
 
 def _phase_table(report: dict[str, Any]) -> Table:

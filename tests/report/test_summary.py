@@ -82,3 +82,21 @@ def test_summary_shows_speculation_in_vllm_words_and_memory_swing():
               "not judged: no NVIDIA GPU on this host"):
         assert s in text, s
     assert "speculative decoding" not in render(REPORT)      # nothing scraped: no table
+
+
+def test_summary_states_the_workload_in_one_line():
+    from harness.load.config import LoadConfig
+    from harness.load.profiles import load_section
+    from harness.load.prompts import Prompt
+
+    prompts = [Prompt(0, "short", "hello there", 4, 8)]
+    closed = load_section(LoadConfig(users=4, seed=9), prompts)
+    lines = [l for l in render({**REPORT, "load": closed}).splitlines() if l.startswith("workload:")]
+    assert lines == [f"workload: closed loop 4 users; retry exponential 0.5..8 s x2, jitter openai; seed 9, "
+                     f"plan {closed['plan_digest'][:16]}"]
+    opened = load_section(LoadConfig(seed=9, retry={"max_retries": 0},
+                                     profile={"kind": "open", "rate": 12.5, "burstiness": 0.5}), prompts)
+    opened["open_loop"] = {"arrivals": 100, "dropped": 3}
+    text = render({**REPORT, "load": opened})
+    assert "workload: open loop 12.5 req/s, burstiness 0.5, max in flight 64; no retries; 3/100 arrivals dropped" in text
+    assert "workload:" not in render(REPORT)
