@@ -17,6 +17,10 @@ Three workload options shape what a request is:
 * ``mirror``: send the same seeded workload to the speculative and the reference server,
   interleaved (needs ``stack.reference``), so speculative and plain latency are measured
   in the same run.
+
+Scale-out: ``workers`` (default 0, one locust process) runs locust's own distributed mode
+instead, one master and ``workers`` worker processes on 127.0.0.1, the users spread over
+the workers; ``max_requests`` still bounds the requests of all workers together.
 """
 
 from __future__ import annotations
@@ -136,6 +140,9 @@ class LoadConfig(BaseModel):
     buckets: list[PromptBucket] | None = None
     sampling: list[SamplingClass] = Field(default_factory=lambda: [GREEDY.model_copy()], min_length=1)
     mirror: bool = False
+    # --- distributed load (issue 10, deliverable 9): locust's own master/worker mode on
+    # loopback; 0 = one locust process as always. See harness.load.locust_process.
+    workers: int = Field(0, ge=0, le=64)
 
     @field_validator("buckets")
     @classmethod
@@ -175,6 +182,13 @@ class LoadConfig(BaseModel):
             for name, default in _LEGACY_COUNTS.items():
                 if getattr(self, name) is None:
                     setattr(self, name, default)
+        return self
+
+    @model_validator(mode="after")
+    def _workers_have_users(self) -> "LoadConfig":
+        if self.workers > self.users:
+            raise ValueError(f"workers ({self.workers}) exceeds users ({self.users}): each locust worker "
+                             f"needs at least one user")
         return self
 
     def bucket_specs(self) -> list[tuple[str, int, int, int, int, int]]:

@@ -38,6 +38,9 @@ Configuration (environment variables, all set by ``LocustProcess``):
 * ``SPECCHAOS_MIRROR_HOST``: the reference server's root URL for mirror mode (default:
   none, no mirror); ``SPECCHAOS_MIRROR_MODEL`` its served model name (default
   ``SPECCHAOS_MODEL``).
+* ``SPECCHAOS_WORKER_INDEX``, ``SPECCHAOS_WORKER_COUNT``: set on the workers of a
+  distributed load (``load.workers``; see the end of this file); the records path and
+  ``SPECCHAOS_MAX_REQUESTS`` are then this worker's own file and share.
 
 Shutdown: once locust starts stopping (``test_stopping``) no new request is sent; its
 ``--stop-timeout`` lets a user finish the request in flight; a request still running when
@@ -58,6 +61,7 @@ from pathlib import Path
 import gevent
 from locust import User, events, task
 from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -86,6 +90,10 @@ class Settings:
     sampling: tuple[SamplingClass, ...] = (GREEDY,)
     mirror_host: str | None = None
     mirror_model: str | None = None
+    #: Distributed load (``load.workers``): this worker's index and the worker count
+    #: (``worker_count == 0``: a single locust process, no master).
+    worker_index: int = 0
+    worker_count: int = 0
 
 
 def _sampling(raw: str | None) -> tuple[SamplingClass, ...]:
@@ -145,6 +153,8 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         sampling=_sampling(env.get("SPECCHAOS_SAMPLING")),
         mirror_host=env.get("SPECCHAOS_MIRROR_HOST") or None,
         mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
+        worker_index=num("SPECCHAOS_WORKER_INDEX", 0, int),
+        worker_count=num("SPECCHAOS_WORKER_COUNT", 0, int),
     )
 
 
@@ -175,7 +185,7 @@ class StreamingCompletionUser(User):
 
     def __init__(self, environment) -> None:
         super().__init__(environment)
-        self.user_id = next(_user_index)
+        self.user_id = global_user_id(next(_user_index))
         self.rng = random.Random(SETTINGS.seed + self.user_id)
         self.sampling_rng = random.Random(f"sampling:{SETTINGS.seed}:{self.user_id}")
         self._steps = 0
@@ -271,5 +281,47 @@ def _quit(environment) -> None:
     if _quitting or environment.runner is None:
         return
     _quitting = True
+    if isinstance(environment.runner, WorkerRunner):   # distributed: the master quits everyone
+        log.info("worker %d: its share SPECCHAOS_MAX_REQUESTS=%d reached, telling the master",
+                 SETTINGS.worker_index, SETTINGS.max_requests)
+        environment.runner.send_message(MAX_REACHED_MSG, {"worker": SETTINGS.worker_index})
+        return
     log.info("SPECCHAOS_MAX_REQUESTS=%d reached, quitting", SETTINGS.max_requests)
+    gevent.spawn(environment.runner.quit)
+
+
+# ---------------------------------------------------------------- distributed load
+# (``load.workers``, issue 10: locust's own master/worker mode, all on loopback.)
+# Each worker gets ``SPECCHAOS_WORKER_INDEX`` / ``SPECCHAOS_WORKER_COUNT``, its own records
+# file and its share of ``SPECCHAOS_MAX_REQUESTS`` (the shares sum to the run's bound), so
+# the bound holds across workers without any coordination per request. A worker that
+# used up its share tells the master, which quits the whole run, as the single process does.
+
+#: Custom locust message from a worker to the master: "my share of the requests is used up".
+MAX_REACHED_MSG = "specchaos_max_requests"
+
+
+def global_user_id(k: int) -> int:
+    """The run-wide index of this process's ``k``-th user (0-based): ``k`` itself with one
+    locust process, ``worker_index + k * worker_count`` on a worker, so indices (and with
+    them the seeded walks and sampling draws) never repeat across workers."""
+    if SETTINGS.worker_count <= 0:
+        return k
+    return SETTINGS.worker_index + k * SETTINGS.worker_count
+
+
+@events.init.add_listener
+def _on_init(environment, **_kwargs) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(MAX_REACHED_MSG, _on_max_reached)
+
+
+def _on_max_reached(environment, msg, **_kwargs) -> None:
+    """On the master: a worker used up its share of the request bound; quit the run."""
+    global _quitting
+    if _quitting:
+        return
+    _quitting = True
+    log.info("SPECCHAOS_MAX_REQUESTS=%d reached (worker %s used up its share), quitting",
+             SETTINGS.max_requests, (msg.data or {}).get("worker"))
     gevent.spawn(environment.runner.quit)
