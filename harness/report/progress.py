@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Protocol, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn
 
 from harness.clock import now as epoch_now
 from harness.load.records import RecordTail
@@ -110,7 +110,7 @@ class RichRenderer:
         self.console = console or Console(stderr=True)
         self.progress = Progress(
             TextColumn("[bold]{task.description:<9}"), BarColumn(bar_width=24),
-            TextColumn("{task.fields[when]}"), TimeElapsedColumn(),
+            TextColumn("{task.fields[when]:>10}"),
             TextColumn("{task.fields[figures]}"),
             console=self.console, transient=False, redirect_stderr=True, redirect_stdout=False,
             refresh_per_second=4,
