@@ -72,7 +72,7 @@ def _tail(path: Path, chars: int = 2000) -> str:
 
 def exit_reason(path: Path) -> str:
     """Why locust ended, from its log: the request bound, or its last meaningful line."""
-    tail = _tail(path)
+    tail = _tail(path, 20000)   # locust's final summary (a table per request name) follows the line
     if "SPECCHAOS_MAX_REQUESTS" in tail and "reached" in tail:
         return "load.max_requests was reached (raise it, or shorten the phases)"
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
