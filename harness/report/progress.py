@@ -73,7 +73,9 @@ def format_line(snap: ProgressSnapshot) -> str:
 
 class PlainRenderer:
     """Plain lines on ``stream`` (see module doc): a line when the phase changes, else at
-    most one per ``interval_s`` seconds (monotonic ``clock``), and a last line at close."""
+    most one per ``interval_s`` seconds (monotonic ``clock``), and a last line at close.
+    A phase change's line ends with the phase that ended: ``(baseline: 175 requests, 0
+    errors in 30 s)``."""
 
     def __init__(self, stream: TextIO, interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self.stream = stream
@@ -81,20 +83,22 @@ class PlainRenderer:
         self.clock = clock
         self._phase: str | None = None
         self._last: float | None = None
+        self._prev: ProgressSnapshot | None = None
 
-    def _emit(self, snap: ProgressSnapshot) -> None:
-        self.stream.write(f"progress: {format_line(snap)}\n")
+    def _emit(self, snap: ProgressSnapshot, ended: ProgressSnapshot | None = None) -> None:
+        tail = "" if ended is None else (f" ({ended.phase}: {ended.requests} requests, {ended.errors} errors "
+                                         f"in {ended.elapsed_s:.0f} s)")
+        self.stream.write(f"progress: {format_line(snap)}{tail}\n")
         self.stream.flush()
         self._last = self.clock()
 
     def update(self, snap: ProgressSnapshot) -> None:
         if snap.phase != self._phase:
-            if self._phase is not None:
-                log.debug("phase %s -> %s", self._phase, snap.phase)
             self._phase = snap.phase
-            self._emit(snap)
+            self._emit(snap, self._prev)
         elif self._last is None or self.clock() - self._last >= self.interval_s:
             self._emit(snap)
+        self._prev = snap
 
     def close(self, snap: ProgressSnapshot | None) -> None:
         if snap is not None and self._last is not None and self.clock() - self._last >= 1.0:

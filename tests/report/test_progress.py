@@ -56,6 +56,8 @@ def test_plain_renderer_is_sparse():
     r.close(snap("recovery", elapsed=8))   # a last line with the final figures
     lines = out.getvalue().splitlines()
     assert [ln.split()[1] for ln in lines] == ["baseline", "baseline", "fault", "recovery", "recovery"]
+    assert lines[2].endswith("(baseline: 0 requests, 0 errors in 31 s)")   # the phase that ended
+    assert lines[3].endswith("(fault: 0 requests, 0 errors in 0 s)") and lines[0].endswith("tok/s")
     assert all(ln.startswith("progress: ") for ln in lines)
 
 
