@@ -200,7 +200,7 @@ class ProgressMonitor:
         self.interval_s = interval_s
         self.window_s = window_s
         self.state = LiveState(started_at=epoch_now())
-        self._phase: str | None = None
+        self._status: PhaseStatus | None = None
         self._phase_t0 = time.monotonic()
         self._last: ProgressSnapshot | None = None
         self._stop = threading.Event()
@@ -211,21 +211,29 @@ class ProgressMonitor:
         return self
 
     def look(self) -> ProgressSnapshot | None:
-        """One look: read, fold, snapshot, render (also what the thread does each tick)."""
+        """One look: read, fold, snapshot, render (also what the thread does each tick).
+        Records read at a phase change ended before it: they count for the phase that
+        ended, which gets a last snapshot before the new phase's first."""
         st = self.status()
         now = epoch_now()
         self.state = fold(self.state, self.tail.read_new(), now, self.window_s)
         if st is None:
             return None
-        if st.phase != self._phase:
-            self._phase, self._phase_t0 = st.phase, time.monotonic()
+        if self._status is not None and st.phase != self._status.phase:
+            self.renderer.update(self._snapshot(self._status, now))   # the ended phase, complete
+        if self._status is None or st.phase != self._status.phase:
+            self._phase_t0 = time.monotonic()
             self.state = start_phase(self.state)
-        snap = snapshot(self.state, phase=st.phase, elapsed_s=time.monotonic() - self._phase_t0,
-                        planned_s=st.planned_s, planned_is_limit=st.planned_is_limit, now=now,
-                        window_s=self.window_s)
+        self._status = st
+        snap = self._snapshot(st, now)
         self.renderer.update(snap)
         self._last = snap
         return snap
+
+    def _snapshot(self, st: PhaseStatus, now: float) -> ProgressSnapshot:
+        return snapshot(self.state, phase=st.phase, elapsed_s=time.monotonic() - self._phase_t0,
+                        planned_s=st.planned_s, planned_is_limit=st.planned_is_limit, now=now,
+                        window_s=self.window_s)
 
     def _loop(self) -> None:
         failed = False

@@ -105,9 +105,11 @@ def test_monitor_reads_new_records_of_every_file(tmp_path):
     assert (s1.phase, s1.requests, s1.errors) == ("warm-up", 2, 1)
     with open(worker_records_path(path, 0), "w") as fh:   # a line still being written
         fh.write(make_record().to_json()[:30])
+    append_record(path, make_record(send_time=mon.state.started_at))   # ended just before the change
     status["now"] = PhaseStatus("baseline", 30.0)
     s2 = mon.look()
-    assert (s2.phase, s2.requests, s2.total_requests) == ("baseline", 0, 2)
+    assert (s2.phase, s2.requests, s2.total_requests) == ("baseline", 0, 3)
+    assert "(warm-up: 3 requests, 1 errors in" in out.getvalue()   # it counts for the phase that ended
     with open(worker_records_path(path, 0), "a") as fh:   # ... finished now: read once
         fh.write(make_record().to_json()[30:] + "\n")
     assert mon.look().requests == 1 and mon.look().requests == 1
