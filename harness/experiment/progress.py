@@ -15,9 +15,10 @@ __all__ = ["session_status", "start_progress"]
 
 def session_status(s: Session) -> PhaseStatus | None:
     """The session's phase with its planned length (``phases`` of the configuration):
-    ``start-up`` until the load runs (stack, prompts, reference), then ``warm-up``
+    ``start-up`` until the load starts (stack, prompts, reference), then ``warm-up``
     (``warmup_s``), ``baseline`` (``baseline_s``), ``fault`` and ``recovery`` (their
-    timeouts, upper bounds), ``after`` (``after_s``); other phases without a plan."""
+    timeouts, upper bounds), ``after`` (``after_s``); other phases without a plan. A
+    phase marked on the timeline carries its ``phase_start`` instant."""
     ph = s.cfg.phases
     if s.closed:
         return None
@@ -26,7 +27,8 @@ def session_status(s: Session) -> PhaseStatus | None:
     planned = {"baseline": (ph.baseline_s, False), "fault": (ph.fault_timeout_s, True),
                "recovery": (ph.recovery_timeout_s, True), "after": (ph.after_s, False)}
     p, limit = planned.get(s.phase, (None, False))
-    return PhaseStatus(s.phase, p, limit)
+    starts = s.timeline.select("runner", "phase_start", phase=s.phase)   # in memory
+    return PhaseStatus(s.phase, p, limit, starts[-1]["t"] if starts else None)
 
 
 def start_progress(s: Session) -> ProgressMonitor:

@@ -42,11 +42,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PhaseStatus:
     """What the owner of the run says about now: the phase's name, its planned length in
-    seconds (None: unknown) and whether that is an upper bound rather than a plan."""
+    seconds (None: unknown), whether that is an upper bound rather than a plan, and when
+    it began (epoch s; None: unknown, then the monitor counts from when it saw it)."""
 
     phase: str
     planned_s: float | None = None
     planned_is_limit: bool = False
+    started_at: float | None = None
 
 
 class Renderer(Protocol):
@@ -212,18 +214,25 @@ class ProgressMonitor:
 
     def look(self) -> ProgressSnapshot | None:
         """One look: read, fold, snapshot, render (also what the thread does each tick).
-        Records read at a phase change ended before it: they count for the phase that
-        ended, which gets a last snapshot before the new phase's first."""
+        At a phase change the records that ended before the new phase began
+        (``PhaseStatus.started_at``, else now) count for the phase that ended, which gets
+        a last snapshot before the new phase's first."""
         st = self.status()
         now = epoch_now()
-        self.state = fold(self.state, self.tail.read_new(), now, self.window_s)
+        new = self.tail.read_new()
+        changed = st is not None and (self._status is None or st.phase != self._status.phase)
+        if changed and self._status is not None:
+            cut = st.started_at if st.started_at is not None else now
+            before = [r for r in new if r.end_time is not None and r.end_time < cut]
+            new = [r for r in new if not (r.end_time is not None and r.end_time < cut)]
+            self.state = fold(self.state, before, now, self.window_s)
+            self.renderer.update(self._snapshot(self._status, now))   # the ended phase, complete
+        if changed:
+            self.state = start_phase(self.state)
+            self._phase_t0 = time.monotonic() - (max(0.0, now - st.started_at) if st.started_at is not None else 0.0)
+        self.state = fold(self.state, new, now, self.window_s)
         if st is None:
             return None
-        if self._status is not None and st.phase != self._status.phase:
-            self.renderer.update(self._snapshot(self._status, now))   # the ended phase, complete
-        if self._status is None or st.phase != self._status.phase:
-            self._phase_t0 = time.monotonic()
-            self.state = start_phase(self.state)
         self._status = st
         snap = self._snapshot(st, now)
         self.renderer.update(snap)

@@ -105,7 +105,7 @@ def test_monitor_reads_new_records_of_every_file(tmp_path):
     assert (s1.phase, s1.requests, s1.errors) == ("warm-up", 2, 1)
     with open(worker_records_path(path, 0), "w") as fh:   # a line still being written
         fh.write(make_record().to_json()[:30])
-    append_record(path, make_record(send_time=mon.state.started_at))   # ended just before the change
+    append_record(path, make_record(send_time=mon.state.started_at - 1.0))   # ended just before the change
     status["now"] = PhaseStatus("baseline", 30.0)
     s2 = mon.look()
     assert (s2.phase, s2.requests, s2.total_requests) == ("baseline", 0, 3)
@@ -113,10 +113,17 @@ def test_monitor_reads_new_records_of_every_file(tmp_path):
     with open(worker_records_path(path, 0), "a") as fh:   # ... finished now: read once
         fh.write(make_record().to_json()[30:] + "\n")
     assert mon.look().requests == 1 and mon.look().requests == 1
+    t = mon.state.started_at   # a phase whose start is known: each record goes by when it ended
+    append_record(path, make_record(send_time=t + 1.0, ttft=0.1, tail_s=0.0))    # ended at t+1.25: baseline
+    append_record(path, fail(send_time=t + 2.0, after_s=0.5))                      # ended at t+2.5: fault
+    status["now"] = PhaseStatus("fault", 120.0, True, started_at=t + 2.0)
+    s3 = mon.look()
+    assert (s3.phase, s3.requests, s3.errors) == ("fault", 1, 1)
+    assert "(baseline: 2 requests, 0 errors in" in out.getvalue()
     status["now"] = None                                  # nothing to show: nothing rendered
     assert mon.look() is None
     mon.start()
     mon.stop()
     mon.stop()
     phases = [ln.split()[1] for ln in out.getvalue().splitlines()]
-    assert phases[:2] == ["warm-up", "baseline"] and phases[2:] in ([], ["baseline"])   # + close's last line if 1 s passed
+    assert phases[:3] == ["warm-up", "baseline", "fault"] and phases[3:] in ([], ["fault"])   # + close's last line
