@@ -116,6 +116,8 @@ def test_two_workers_merge_without_loss_or_duplicates(server, run_dir):
     assert lp.returncode == 0 and all(gone(p) for p in lp.pids)
     received, success = server_counts(server.base_url)
     recs = read_records(lp.records_path)
+    print(f"2 workers, max_requests 60: {len(recs)} records ({sum(r.ok for r in recs)} ok); the fake received "
+          f"{received - received0}, counted {success - success0} successes")
     assert not lp.records_path.exists()   # the master writes nothing; each worker its own file
     assert [f.name for f in worker_record_files(lp.records_path)] == ["records.worker0.jsonl", "records.worker1.jsonl"]
     assert len(recs) == received - received0 and 30 <= len(recs) <= 60     # the bound holds across workers
