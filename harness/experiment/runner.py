@@ -25,6 +25,7 @@ from chaoslib.experiment import run_experiment
 from harness.errors import SpecchaosError
 from harness.experiment import session as sess
 from harness.experiment.control import signals_deferred
+from harness.experiment.progress import start_progress
 from harness.experiment.validate import load_experiment
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
 RUN_SETTINGS: dict[str, Any] = {"runtime": {"rollbacks": {"strategy": "always"}}}
 
 
-def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | None]:
+def run(path: str | Path, out_dir: str | Path, progress: bool = False) -> tuple[int, dict[str, Any] | None]:
     """Run an experiment file and write ``journal.json`` and ``report.json`` into ``out_dir``.
+    ``progress``: show the run's progress on stderr (:mod:`harness.experiment.progress`).
 
     Returns:
         (exit code, report) — 0 pass, 1 fail, 2 error.
@@ -55,6 +57,7 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
     journal: dict | None = None
+    monitor = start_progress(s) if progress else None
 
     def on_sigint(signum: int, frame: Any) -> None:
         s.note_interrupt("SIGINT")
@@ -72,6 +75,8 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
     finally:
         if previous_sigint is not None:
             signal.signal(signal.SIGINT, previous_sigint)
+        if monitor is not None:
+            monitor.stop()
         with signals_deferred():
             if journal is not None:
                 (out / "journal.json").write_text(json.dumps(journal, indent=2, default=str))

@@ -39,7 +39,7 @@ from harness.load.client import fetch_reference
 from harness.load.locust_process import LocustProcess, exit_reason
 from harness.load.profiles import load_section, read_load_stats
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
-from harness.load.records import write_records
+from harness.load.records import worker_record_files, write_records
 from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
 from harness.metrics.health import HealthSampler
 from harness.metrics.scraper import METRICS_FILE, MetricsScraper
@@ -101,6 +101,8 @@ class Session:
             (self.out_dir / name).unlink(missing_ok=True)
         for old_log in (self.out_dir / "logs").glob("*.log"):
             old_log.unlink(missing_ok=True)
+        for old_worker in worker_record_files(self.out_dir / "records.jsonl"):   # distributed load
+            old_worker.unlink(missing_ok=True)
         self.timeline = Timeline(self.out_dir / "timeline.jsonl")
         self.errors: list[str] = []
         self.interrupted = False

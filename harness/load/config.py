@@ -27,6 +27,10 @@ Two options shape when requests are sent and what a failed one does:
 * ``retry`` (:class:`RetryConfig`): the client's retry policy, exponential backoff with
   jitter as the OpenAI Python SDK by default; each try is its own record (``attempt``,
   ``logical_id``). The arithmetic is :mod:`harness.load.retry`.
+
+Scale-out: ``workers`` (default 0, one locust process) runs locust's own distributed mode
+instead, one master and ``workers`` worker processes on 127.0.0.1, the users spread over
+the workers; ``max_requests`` still bounds the requests of all workers together.
 """
 
 from __future__ import annotations
@@ -270,6 +274,9 @@ class LoadConfig(BaseModel):
     mirror: bool = False
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    # --- distributed load (issue 10, deliverable 9): locust's own master/worker mode on
+    # loopback; 0 = one locust process as always. See harness.load.locust_process.
+    workers: int = Field(0, ge=0, le=64)
 
     @field_validator("buckets")
     @classmethod
@@ -309,6 +316,16 @@ class LoadConfig(BaseModel):
             for name, default in _LEGACY_COUNTS.items():
                 if getattr(self, name) is None:
                     setattr(self, name, default)
+        return self
+
+    @model_validator(mode="after")
+    def _workers_have_users(self) -> "LoadConfig":
+        if self.workers > self.users:
+            raise ValueError(f"workers ({self.workers}) exceeds users ({self.users}): each locust worker "
+                             f"needs at least one user")
+        if self.workers and (self.profile.kind == "open" or self.profile.ramp or self.profile.steps):
+            raise ValueError("workers > 0 runs a plain closed loop of load.users users; an open-loop profile, "
+                             "a ramp or steps run in one locust process: leave workers at 0")
         return self
 
     def bucket_specs(self) -> list[tuple[str, int, int, int, int, int]]:

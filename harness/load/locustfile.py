@@ -66,6 +66,9 @@ Configuration (environment variables, all set by ``LocustProcess``):
   default: closed loop, ``-u`` users).
 * ``SPECCHAOS_RETRY``: the retry policy as JSON (:class:`harness.load.config.RetryConfig`;
   default: no retries).
+* ``SPECCHAOS_WORKER_INDEX``, ``SPECCHAOS_WORKER_COUNT``: set on the workers of a
+  distributed load (``load.workers``; see the end of this file); the records path and
+  ``SPECCHAOS_MAX_REQUESTS`` are then this worker's own file and share.
 
 Shutdown: once locust starts stopping (``test_stopping``) no new request is sent; its
 ``--stop-timeout`` lets a user finish the request in flight; a request still running when
@@ -90,6 +93,7 @@ import gevent
 import gevent.pool
 from locust import LoadTestShape, User, events, task
 from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -122,6 +126,10 @@ class Settings:
     mirror_model: str | None = None
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     retry: RetryConfig = field(default_factory=lambda: RetryConfig(max_retries=0))
+    #: Distributed load (``load.workers``): this worker's index and the worker count
+    #: (``worker_count == 0``: a single locust process, no master).
+    worker_index: int = 0
+    worker_count: int = 0
 
 
 def _model(raw: str | None, name: str, cls, default):
@@ -195,6 +203,8 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
         profile=_model(env.get("SPECCHAOS_PROFILE"), "SPECCHAOS_PROFILE", ProfileConfig, ProfileConfig()),
         retry=_model(env.get("SPECCHAOS_RETRY"), "SPECCHAOS_RETRY", RetryConfig, RetryConfig(max_retries=0)),
+        worker_index=num("SPECCHAOS_WORKER_INDEX", 0, int),
+        worker_count=num("SPECCHAOS_WORKER_COUNT", 0, int),
     )
 
 
@@ -306,7 +316,7 @@ class StreamingCompletionUser(User):
 
     def __init__(self, environment) -> None:
         super().__init__(environment)
-        self.user_id = next(_user_index)
+        self.user_id = global_user_id(next(_user_index))
         self.walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, self.user_id)
         self.retry_rng = random.Random(f"retry:{SETTINGS.seed}:{self.user_id}")
         self._steps = 0
@@ -489,5 +499,47 @@ def _quit(environment) -> None:
     if _quitting or environment.runner is None:
         return
     _quitting = True
+    if isinstance(environment.runner, WorkerRunner):   # distributed: the master quits everyone
+        log.info("worker %d: its share SPECCHAOS_MAX_REQUESTS=%d reached, telling the master",
+                 SETTINGS.worker_index, SETTINGS.max_requests)
+        environment.runner.send_message(MAX_REACHED_MSG, {"worker": SETTINGS.worker_index})
+        return
     log.info("SPECCHAOS_MAX_REQUESTS=%d reached, quitting", SETTINGS.max_requests)
+    gevent.spawn(environment.runner.quit)
+
+
+# ---------------------------------------------------------------- distributed load
+# (``load.workers``, issue 10: locust's own master/worker mode, all on loopback.)
+# Each worker gets ``SPECCHAOS_WORKER_INDEX`` / ``SPECCHAOS_WORKER_COUNT``, its own records
+# file and its share of ``SPECCHAOS_MAX_REQUESTS`` (the shares sum to the run's bound), so
+# the bound holds across workers without any coordination per request. A worker that
+# used up its share tells the master, which quits the whole run, as the single process does.
+
+#: Custom locust message from a worker to the master: "my share of the requests is used up".
+MAX_REACHED_MSG = "specchaos_max_requests"
+
+
+def global_user_id(k: int) -> int:
+    """The run-wide index of this process's ``k``-th user (0-based): ``k`` itself with one
+    locust process, ``worker_index + k * worker_count`` on a worker, so indices (and with
+    them the seeded walks and sampling draws) never repeat across workers."""
+    if SETTINGS.worker_count <= 0:
+        return k
+    return SETTINGS.worker_index + k * SETTINGS.worker_count
+
+
+@events.init.add_listener
+def _on_init(environment, **_kwargs) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(MAX_REACHED_MSG, _on_max_reached)
+
+
+def _on_max_reached(environment, msg, **_kwargs) -> None:
+    """On the master: a worker used up its share of the request bound; quit the run."""
+    global _quitting
+    if _quitting:
+        return
+    _quitting = True
+    log.info("SPECCHAOS_MAX_REQUESTS=%d reached (worker %s used up its share), quitting",
+             SETTINGS.max_requests, (msg.data or {}).get("worker"))
     gevent.spawn(environment.runner.quit)

@@ -21,7 +21,7 @@ from harness.checks.registry import CHECKS
 from harness.checks.run import load_run
 from harness.checks.verdict import verdict
 from harness.clock import now
-from harness.load.records import is_complete, unreadable_lines
+from harness.load.records import is_complete, record_files, unreadable_lines
 from harness.report.json_report import build_report, jsonable
 from harness.timeline import count_restarts, server_events
 
@@ -82,8 +82,9 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
             log.exception("check family %s raised", family.name)
             broken.append(f"check family '{family.name}' raised {type(exc).__name__}: {exc}")
     if run.run_dir is not None:   # recorded data that cannot be read is lost data: never skipped silently
-        for name in ("records.jsonl", "reference.jsonl"):
-            bad = unreadable_lines(run.run_dir / name)
+        for f in [*record_files(run.run_dir / "records.jsonl"), run.run_dir / "reference.jsonl"]:
+            name = f.name   # records.worker<i>.jsonl too (distributed load)
+            bad = unreadable_lines(f)
             if bad:
                 broken.append(f"{name}: {len(bad)} line(s) are not request records (line {', '.join(map(str, bad[:5]))}"
                               f"{', ...' if len(bad) > 5 else ''}); they were not judged")

@@ -294,6 +294,27 @@ def test_sampling_class_with_top_p_out_of_range(tmp_path, no_new_processes):
                                                                                  "top_p": 1.5}]
     res = cli("validate", str(write(tmp_path, d)))
     assert_one_line_error(res, "configuration.specchaos.load.sampling.1.top_p")
+
+
+@pytest.mark.parametrize("workers, needles", [
+    (3, ("configuration.specchaos.load", "workers (3) exceeds users (2)")),
+    (-1, ("configuration.specchaos.load.workers",)),
+])
+def test_bad_load_workers(tmp_path, no_new_processes, workers, needles):
+    d = doc()
+    d["configuration"]["specchaos"]["load"].update(users=2, workers=workers)
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, *needles)
+
+
+@pytest.mark.parametrize("profile", [{"kind": "open", "rate": 4}, {"steps": [{"at_s": 5, "users": 3}]}])
+def test_workers_with_an_open_loop_or_shaped_profile_are_refused(tmp_path, no_new_processes, profile):
+    d = doc()
+    d["configuration"]["specchaos"]["load"].update(users=2, workers=2, profile=profile)
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.load", "leave workers at 0")
+
+
 @pytest.mark.parametrize("block,field,value", [
     ("speculation", "collapse_max_drop", 1.5),
     ("speculation", "window_s", 0),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.experiment.config import SpecchaosConfig
-from harness.load.records import write_records
+from harness.load.records import worker_records_path, write_records
 from harness.report.json_report import read_report, write_report
 from harness.checks.run import load_reference
 from harness.report.judge import judge_run
@@ -256,3 +256,21 @@ def test_a_record_that_cannot_be_read_is_a_run_error_not_a_silent_skip(tmp_path)
     rep = judge_run(d, cfg(), META)
     assert rep["verdict"] == "error"
     assert rep["errors"] == ["records.jsonl: 1 line(s) are not request records (line 4); they were not judged"]
+
+
+def test_distributed_load_worker_files_are_judged_as_one_run(tmp_path):
+    """The same records split over workers' files (load.workers) give the same verdict and
+    counts; an unreadable line in a worker file is named with that file."""
+    whole = judge_run(write_run(tmp_path / "one"), cfg(), META)
+    d = write_run(tmp_path / "split", records=[])
+    recs = load_records()
+    for i in (0, 1):
+        write_records(worker_records_path(d / "records.jsonl", i), recs[i::2])
+    split = judge_run(d, cfg(), META)
+    assert split["verdict"] == whole["verdict"] == "pass"
+    assert split["requests"] == whole["requests"]
+    with open(worker_records_path(d / "records.jsonl", 1), "a") as fh:
+        fh.write('{"broken": \n' + recs[1].to_json() + "\n")   # not the last line: not a torn write
+    rep = judge_run(d, cfg(), META)
+    assert rep["errors"] == ["records.worker1.jsonl: 1 line(s) are not request records (line "
+                             f"{len(recs[1::2]) + 1}); they were not judged"]
