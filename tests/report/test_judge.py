@@ -111,7 +111,7 @@ def test_clean_kill_and_restart_passes_with_full_schema(tmp_path):
         for key in ("start", "end", "requests", "errors", "output_tokens_per_s"):
             assert key in m
         for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-            assert set(m[key]) == {"p50", "p95", "p99"}
+            assert set(m[key]) == {"n", "mean", "p50", "p90", "p95", "p99", "p99.9"}
     assert rep["phases"]["baseline"]["start"] == 1000.0 and rep["phases"]["after"]["end"] == STOP
     for c in rep["checks"]:
         assert set(c) >= {"name", "passed", "observed", "limit"}
@@ -210,8 +210,9 @@ def test_server_that_never_comes_back_fails(tmp_path):
 
 
 def test_breached_slo_fails(tmp_path):
-    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0) if r.ok and r.send_time >= STARTS["after"] else r
-            for r in load_records()]
+    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0, chunk_offsets_s=[*r.chunk_offsets_s[:-1],
+                                                                       r.chunk_offsets_s[-1] + 20.0])
+            if r.ok and r.send_time >= STARTS["after"] else r for r in load_records()]
     rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
     assert rep["verdict"] == "fail"
     c = by_name(rep)
