@@ -116,10 +116,10 @@ def request_counts(members: Sequence[RequestRecord], records: Iterable[RequestRe
     Returns:
         ``{"requests"`` (logical requests whose first try is a member), ``"failed"`` (of
         those, the ones whose last try, in whatever phase, is not complete), ``"retried"``
-        (of those, the ones with more than one try), ``"tries"`` (``len(members)``),
-        ``"failed_tries"`` (members not complete)``}``.
+        (of those, the ones with more than one try), ``"tries"`` (the members, each
+        ``request_id`` once), ``"failed_tries"`` (of those, not complete)``}``.
     """
-    members = list(members)
+    members = list({r.request_id: r for r in members}.values())
     index = tries_by_logical([*members, *records])
     ids = {r.logical for r in members if index[r.logical][0].request_id == r.request_id}
     return {
