@@ -29,7 +29,7 @@ def test_defaults():
 def test_bad_values_name_the_field(block, field, value):
     with pytest.raises(ExperimentError) as exc:
         parse_config({block: {field: value}})
-    assert f"configuration.specchaos.{block}.{field}" in str(exc.value)
+    assert f"configuration.specchaos.{block}.{field}" in exc.value.one_line()
 
 
 def test_bad_value_on_the_command_line_is_one_line_exit_2(tmp_path):
