@@ -14,6 +14,7 @@ logical request, unavailability as time (:mod:`harness.metrics.availability`).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 from harness.load.records import RequestRecord, is_complete
@@ -180,11 +181,15 @@ def phase_metrics(
                               {"n","mean","p50","p90","p95","p99","p99.9"} over the
                               phase's complete tries (:func:`latency_metrics`)
             latency_window    where those figures come from: {"first_send", "last_send"}
-                              (epoch, the complete tries' sends), "outage_end" (end of
-                              the last unavailability interval that ended inside the
-                              window, None if none) and "sent_after_outage" (complete
-                              tries sent at or after it) — a fault phase's latencies
-                              may describe the server after it came back
+                              (epoch, the complete tries' sends), "outage_start",
+                              "outage_end" (the last unavailability interval that
+                              overlaps the window, None if none; end None while it
+                              lasts) and "sent_after_outage_start" (complete tries sent
+                              at or after its start: a request sent into an outage that
+                              completed was served once the server was back) — a
+                              killed server completes nothing while it is down, so a
+                              fault phase's latencies describe the server before the
+                              kill or after it came back
             buckets           {prompt_class: latency_metrics + "tries"} per prompt-length
                               bucket of the phase's tries
             output_tokens     tokens of complete requests whose chunk ARRIVED in the window
@@ -218,8 +223,8 @@ def phase_metrics(
 
     ids = {r.request_id for r in records}
     intervals = unavailable_intervals([*records, *(r for r in sent if r.request_id not in ids)])
-    ended = [b for a, b in intervals if a < end and start < b < end]
-    outage_end = ended[-1] if ended else None
+    overlapping = [(a, b) for a, b in intervals if a < end and b > start]
+    outage = overlapping[-1] if overlapping else None
     sends = [r.send_time for r in complete]
 
     by_bucket: dict[str, list[RequestRecord]] = {}
@@ -251,8 +256,9 @@ def phase_metrics(
         "latency_window": {
             "first_send": min(sends) if sends else None,
             "last_send": max(sends) if sends else None,
-            "outage_end": outage_end,
-            "sent_after_outage": 0 if outage_end is None else sum(1 for t in sends if t >= outage_end),
+            "outage_start": None if outage is None else outage[0],
+            "outage_end": None if outage is None or math.isinf(outage[1]) else outage[1],
+            "sent_after_outage_start": 0 if outage is None else sum(1 for t in sends if t >= outage[0]),
         },
         "buckets": buckets,
         "output_tokens": tokens,

@@ -19,7 +19,7 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                         summary prints n=K and the latency checks are not judged),
                         "ttft_s", "tpot_s", "itl_s" (per chunk, as vLLM), "itl_per_token_s",
                         "e2e_s": {"n", "mean", "p50", "p90", "p95", "p99", "p99.9"},
-                        "latency_window": {"first_send", "last_send", "outage_end", "sent_after_outage"},
+                        "latency_window": {"first_send", "last_send", "outage_start", "outage_end", "sent_after_outage_start"},
                         "buckets": {prompt_class: {"tries", "complete", "enough_samples", "ttft_s", ...}},
                         "output_tokens", "output_tokens_per_s" (arriving in the window),
                         "total_output_tokens", "output_throughput_tps" (vLLM's),

@@ -109,18 +109,20 @@ def _phase_table(report: dict[str, Any]) -> Table:
 
 
 def _window_notes(report: dict[str, Any]) -> list[str]:
-    """Where a phase's latency figures come from, when requests sent after an outage
-    inside the phase are among them (e.g. a fault phase's figures describing the server
-    after it came back)."""
+    """Where a phase's latency figures come from, when an outage began inside the phase and
+    requests sent after it began are among them: a killed server completes nothing while
+    down, so such figures describe the server after it came back (or mix both)."""
     notes = []
     for ph in _PHASES:
         m = (report.get("phases") or {}).get(ph) or {}
         w = m.get("latency_window") or {}
-        after, n = w.get("sent_after_outage") or 0, m.get("complete") or 0
-        if not after or w.get("outage_end") is None or m.get("start") is None:
+        after, n, t0 = w.get("sent_after_outage_start") or 0, m.get("complete") or 0, m.get("start")
+        a, b = w.get("outage_start"), w.get("outage_end")
+        if not after or a is None or t0 is None or a < t0:
             continue
-        notes.append(f"{ph}: {after} of the {n} complete requests were sent after the outage ended "
-                     f"(+{w['outage_end'] - m['start']:.1f} s into the phase): "
+        ended = "it lasted to the phase's end" if b is None else f"ended +{b - t0:.1f} s"
+        notes.append(f"{ph}: {after} of the {n} complete requests were sent after the outage began "
+                     f"(+{a - t0:.1f} s into the phase; {ended}): "
                      + ("the figures describe the server after it came back" if after == n
                         else "the figures mix the server before and after the outage"))
     return notes

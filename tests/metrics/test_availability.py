@@ -80,14 +80,20 @@ def test_the_kill_phase_counts_seconds_and_distinct_failures_not_retries():
     assert m["requests"] == 7 and m["errors"] == 2 and m["retried"] == 2
     assert m["error_rate"] == pytest.approx(2 / 7)
     assert m["tries"] == 86 and m["failed_tries"] == 81
-    # the latency figures rest on 5 complete requests, all sent after the outage ended
+    # the latency figures rest on 5 complete requests, all sent after the outage began:
+    # the one sent into it (150.1) ended it, the server was back; 4 more after
     assert m["complete"] == 5 and not m["enough_samples"] and m["ttft_s"]["n"] == 5
     w = m["latency_window"]
-    assert w["outage_end"] == pytest.approx(150.3)
-    assert w["first_send"] == 150.1 and w["last_send"] == 155.0 and w["sent_after_outage"] == 4
+    assert w["outage_start"] == pytest.approx(130.05) and w["outage_end"] == pytest.approx(150.3)
+    assert w["first_send"] == 150.1 and w["last_send"] == 155.0 and w["sent_after_outage_start"] == 5
     base = phase_metrics(recs, *WINDOWS["baseline"], members=members["baseline"])
     assert base["unavailable_s"] == 0.0 and base["errors"] == 0 and base["requests"] == 29
-    assert base["enough_samples"]
+    assert base["enough_samples"] and base["latency_window"]["outage_start"] is None
+    # an outage still going at the phase's end has no end
+    down = [r for r in recs if r.send_time < 150.0]
+    w = phase_metrics(down, *WINDOWS["fault"], members=assign_phases(down, WINDOWS)["fault"])["latency_window"]
+    assert w["outage_start"] == pytest.approx(130.05) and w["outage_end"] is None
+    assert w["sent_after_outage_start"] == 0 and w["first_send"] is None
 
 
 def test_old_records_without_logical_ids_each_count_once():

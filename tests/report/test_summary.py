@@ -90,7 +90,8 @@ def phase_of(**kw):
          "complete": 4, "enough_samples": False, "min_samples": 10, "output_tokens_per_s": 3.1,
          "ttft_s": pct(0.102, 0.104), "tpot_s": pct(0.01, 0.01), "itl_s": pct(0.02, 0.03),
          "itl_per_token_s": pct(0.005, 0.006), "e2e_s": pct(1.865, 1.865),
-         "latency_window": {"first_send": 160.2, "last_send": 162.9, "outage_end": 160.1, "sent_after_outage": 4},
+         "latency_window": {"first_send": 160.2, "last_send": 162.9, "outage_start": 131.3, "outage_end": 160.5,
+                            "sent_after_outage_start": 4},
          "buckets": {"short": {"complete": 4, "enough_samples": False, "ttft_s": pct(0.1, 0.1)}}}
     d.update(kw)
     return d
@@ -108,8 +109,8 @@ def test_thin_phase_prints_n_and_where_its_figures_come_from():
     assert "│        7 │" in fault[0] and "1009" in fault[0] and "20.25" in fault[0]
     # latency: n=4 instead of a percentile of 4 requests, and no 1865/1865
     assert fault[1].count("n=4") == 5 and "1865" not in fault[1]
-    assert "fault: 4 of the 4 complete requests were sent after the outage ended (+30.1 s into the phase)" in text
-    assert "describe the server after it came back" in text
+    assert ("fault: 4 of the 4 complete requests were sent after the outage began (+1.3 s into the phase; ended "
+            "+30.5 s): the figures describe the server after it came back") in " ".join(text.split())
     # per bucket, the same rule
     assert any("short" in line and "n=4" in line for line in text.splitlines())
     # the not-judged check: N/J, after the failures, before the passes
