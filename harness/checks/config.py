@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from harness.metrics.config import GoodputConfig
+from harness.metrics.config import GoodputConfig, MetricsConfig
 
 __all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
            "HangConfig", "ClientAbortConfig", "MirrorConfig", "CheckLimits", "AcceptanceFloorConfig", "SpeculationConfig",
@@ -51,6 +51,10 @@ class DegradationConfig(_Strict):
     #: not judged (graceful degradation, e.g. under network jitter).
     fault_vs_baseline_max_ratio: float | None = Field(None, gt=0)
     min_requests_per_phase: int = Field(3, ge=1)
+    #: Most seconds the speculative server may be unavailable — refusing or failing every
+    #: request (:mod:`harness.metrics.availability`) — from the fault phase's start to the
+    #: end of the load; None (default) = reported, not judged.
+    max_unavailable_s: float | None = Field(None, gt=0)
 
 
 class RecoveryConfig(_Strict):
@@ -181,6 +185,7 @@ class CheckLimits(Protocol):
     speculation: SpeculationConfig
     server_memory: ServerMemoryConfig
     fallback: FallbackConfig
+    metrics: MetricsConfig
 
 
 #: A rate: a fraction in [0, 1].

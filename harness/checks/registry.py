@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.checks import (acceptance_floor, breaker, client_abort, fail_fast, fault, gpu, hang, integrity, liveness,
-                            mirror, orphans, recovery, server_memory, slo, speculation, steady_state)
+from harness.checks import (acceptance_floor, availability, breaker, client_abort, fail_fast, fault, gpu, hang, integrity,
+                            liveness, mirror, orphans, recovery, server_memory, slo, speculation, steady_state)
 from harness.checks.base import Check, RecordedRun
 
 __all__ = ["CheckFamily", "CHECKS", "RESERVED_NAMES", "register_check", "unregister_check"]
@@ -34,6 +34,7 @@ class CheckFamily:
 CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("fault", fault.check),
     CheckFamily("slo", slo.check),
+    CheckFamily("availability", availability.check, availability.section),
     CheckFamily("integrity", integrity.check, integrity.section),
     CheckFamily("recovery", recovery.check, recovery.section),
     CheckFamily("fail_fast", fail_fast.check, fail_fast.section),

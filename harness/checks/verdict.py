@@ -16,14 +16,17 @@ def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[st
 
     * ``"error"``: the experiment itself did not run as declared — any run error, an
       interruption, or a fault without evidence that it acted (a fault that did not
-      happen proves nothing: it is an error, never a pass), or no check at all (nothing
-      was judged);
-    * ``"fail"``: it ran, and at least one check failed;
-    * ``"pass"``: it ran and every check passed.
+      happen proves nothing: it is an error, never a pass), or no judged check at all
+      (nothing was judged);
+    * ``"fail"``: it ran, and at least one judged check failed;
+    * ``"pass"``: it ran and every judged check passed.
+
+    Checks that were not judged (``passed`` None, e.g. a p95 on too few requests) count
+    neither way; the report lists them with their reason.
     """
-    checks = list(checks)
-    if errors or interrupted or not fault_acted or not checks:
+    judged = [c for c in checks if c.judged]
+    if errors or interrupted or not fault_acted or not judged:
         return "error"
-    if any(not c.passed for c in checks):
+    if any(c.failed for c in judged):
         return "fail"
     return "pass"

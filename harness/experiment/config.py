@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
                                    FallbackConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
                                    RecoveryConfig, ServerMemoryConfig, SloConfig, SpeculationConfig)
-from harness.metrics.config import ScrapeConfig
+from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
 from harness.load.config import LoadConfig
 from harness.stack.config import StackConfig
@@ -59,6 +59,7 @@ class SpecchaosConfig(BaseModel):
     mirror: MirrorConfig = Field(default_factory=MirrorConfig)
     acceptance_floor: AcceptanceFloorConfig = Field(default_factory=AcceptanceFloorConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)

@@ -83,7 +83,7 @@ def run(path: str | Path, out_dir: str | Path, progress: bool = False) -> tuple[
             s.close()
             report = s.judge(journal=journal)   # the final journal (rollbacks included)
             log.info("verdict: %s (%d checks, %d failed)", report["verdict"], len(report["checks"]),
-                     sum(not c["passed"] for c in report["checks"]))
+                     sum(c["passed"] is False for c in report["checks"]))
     return EXIT_CODES.get(report["verdict"], 2), report
 
 

@@ -22,6 +22,7 @@ from harness.checks.run import load_run
 from harness.checks.verdict import verdict
 from harness.clock import now
 from harness.load.records import is_complete, record_files, unreadable_lines
+from harness.metrics.availability import last_try, tries_by_logical
 from harness.report.json_report import build_report, jsonable
 from harness.timeline import count_restarts, server_events
 
@@ -93,6 +94,7 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
     v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted)
     records = run.records
     n_ok = sum(1 for r in records if is_complete(r)[0])
+    logical = tries_by_logical(records)
     report = build_report(
         experiment=str(meta.get("experiment") or (run.run_dir.name if run.run_dir else "experiment")),
         verdict=v,
@@ -101,7 +103,8 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
         phases=run.phases,
         checks=checks,
         requests={"total": len(records), "ok": n_ok, "failed": len(records) - n_ok,
-                  "client_ok": sum(1 for r in records if r.ok)},
+                  "client_ok": sum(1 for r in records if r.ok), "logical": len(logical),
+                  "logical_failed": sum(1 for ts in logical.values() if not is_complete(last_try(ts))[0])},
         restarts=count_restarts(run.events, "spec"),
         errors=errors,
         **sections,
@@ -117,7 +120,8 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
         report["method_skipped"] = "steady-state hypothesis not met before the method"
     for k, val in meta.items():  # anything else the runner knows (e.g. "source")
         report.setdefault(k, jsonable(val))
-    log.debug("judged: %s (%d checks, %d failed)", v, len(checks), sum(not c.passed for c in checks))
+    log.debug("judged: %s (%d checks, %d failed, %d not judged)", v, len(checks), sum(c.failed for c in checks),
+              sum(not c.judged for c in checks))
     return report
 
 

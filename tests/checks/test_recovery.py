@@ -91,7 +91,7 @@ def test_window_needs_baseline_data():
 
 
 def test_window_e2e_over_tolerance_fails():
-    recs = [make_record(send_time=1010 + i * 0.1, tail_s=2.5) for i in range(5)]  # e2e ~2.75 > 2.0
+    recs = [make_record(send_time=1010 + i * 0.1, gaps=[0.9] * 3) for i in range(5)]  # e2e 2.8 > 2.0
     assert first_slo_window_end(recs, FAULT, BASE, RC) is None
 
 

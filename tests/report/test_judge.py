@@ -84,8 +84,8 @@ def write_run(d: Path, records=None, events=None, reference=None):
     return d
 
 
-def cfg():
-    return SpecchaosConfig()
+def cfg(**blocks):
+    return SpecchaosConfig.model_validate(blocks)
 
 
 def by_name(report):
@@ -111,7 +111,7 @@ def test_clean_kill_and_restart_passes_with_full_schema(tmp_path):
         for key in ("start", "end", "requests", "errors", "output_tokens_per_s"):
             assert key in m
         for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-            assert set(m[key]) == {"p50", "p95", "p99"}
+            assert set(m[key]) == {"n", "mean", "p50", "p90", "p95", "p99", "p99.9"}
     assert rep["phases"]["baseline"]["start"] == 1000.0 and rep["phases"]["after"]["end"] == STOP
     for c in rep["checks"]:
         assert set(c) >= {"name", "passed", "observed", "limit"}
@@ -210,8 +210,9 @@ def test_server_that_never_comes_back_fails(tmp_path):
 
 
 def test_breached_slo_fails(tmp_path):
-    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0) if r.ok and r.send_time >= STARTS["after"] else r
-            for r in load_records()]
+    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0, chunk_offsets_s=[*r.chunk_offsets_s[:-1],
+                                                                       r.chunk_offsets_s[-1] + 20.0])
+            if r.ok and r.send_time >= STARTS["after"] else r for r in load_records()]
     rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
     assert rep["verdict"] == "fail"
     c = by_name(rep)
@@ -274,3 +275,35 @@ def test_distributed_load_worker_files_are_judged_as_one_run(tmp_path):
     rep = judge_run(d, cfg(), META)
     assert rep["errors"] == ["records.worker1.jsonl: 1 line(s) are not request records (line "
                              f"{len(recs[1::2]) + 1}); they were not judged"]
+
+
+def test_a_thin_phase_is_reported_not_judged_and_leaves_the_verdict_alone(tmp_path):
+    # the after phase keeps 5 requests (< metrics.min_samples 10), each with a 3 s TTFT
+    # (SLO: 2 s): a p95 over 5 requests is not judged, so it neither fails the run nor
+    # counts as a pass
+    keep = [r for r in load_records() if r.send_time < STARTS["after"]]
+    slow = [make_record(send_time=STARTS["after"] + 4 * i, ttft=3.0, prompt_id=i, chunk_tokens=[1, 5, 2])
+            for i in range(5)]
+    rep = judge_run(write_run(tmp_path / "run", records=keep + slow), cfg(), META)
+    c = by_name(rep)
+    after = c["slo.after.ttft_p95_s"]
+    assert after["passed"] is None and after["judged"] is False and after["observed"] == pytest.approx(3.0)
+    assert after["detail"].startswith("not judged: after p95 TTFT (s) rests on 5 complete requests")
+    assert rep["phases"]["after"]["enough_samples"] is False and rep["phases"]["after"]["ttft_s"]["n"] == 5
+    assert rep["verdict"] == "pass", [n for n, x in c.items() if x["passed"] is False]
+    # with the minimum lowered to 5 the same data is judged, and the defect fails the run
+    rep = judge_run(tmp_path / "run", cfg(metrics={"min_samples": 5}), META)
+    assert rep["verdict"] == "fail" and by_name(rep)["slo.after.ttft_p95_s"]["passed"] is False
+
+
+def test_report_counts_logical_requests_and_unavailable_seconds(tmp_path):
+    rep = judge_run(write_run(tmp_path / "run"), cfg(), META)
+    fault = rep["phases"]["fault"]
+    # connect errors every 0.25 s from the kill (1030.5) until the server is back (1045.0):
+    # down from the first failure (the connect error at 1030.51; the request in flight
+    # since 1030.25 fails later, at 1030.75) to the first chunk of the first complete
+    # request after it (sent 1045.0, first chunk +0.1 s)
+    assert fault["unavailable_s"] == pytest.approx(1045.1 - 1030.51)
+    assert rep["availability"]["servers"]["spec"]["phases"]["fault"]["unavailable_s"] == fault["unavailable_s"]
+    assert rep["requests"]["logical"] == rep["requests"]["total"]     # old records: one try each
+    assert fault["tries"] == fault["requests"]
