@@ -82,6 +82,11 @@ class RunInterrupted(SpecchaosError):
     its fault is cleared, instead of holding it for its whole duration."""
 
 
+class RunAborted(RunInterrupted):
+    """Raised by :meth:`Session.sleep` in any thread once a continuous safeguard aborted
+    the method (its message is the abort's reason, ``aborted by safeguard ...``)."""
+
+
 #: Upper bound of :meth:`Session.await_faults_cleared` (a fault action always ends after
 #: its ``duration_s`` and evidence timeout; this only bounds the loop).
 FAULTS_CLEARED_LIMIT_S = 3600.0
@@ -103,6 +108,9 @@ class Session:
         self.timeline = Timeline(self.out_dir / "timeline.jsonl")
         self.errors: list[str] = []
         self.interrupted = False
+        #: Set (to the reason) when a continuous safeguard aborted the method
+        #: (:mod:`harness.experiment.safeguards`); every wait then ends, as on a signal.
+        self.aborted: str | None = None
         self.phase: str | None = None
         self.stack: Any = None
         self.load: LocustProcess | None = None
@@ -244,6 +252,8 @@ class Session:
         while True:
             if self.interrupted:   # any thread: a fault action in the background ends too
                 raise RunInterrupted(self.errors[0] if self.errors else "interrupted")
+            if self.aborted:
+                raise RunAborted(self.aborted)
             left = end - time.monotonic()
             if left <= 0:
                 return

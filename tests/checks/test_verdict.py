@@ -26,3 +26,10 @@ def test_run_error_or_interruption_is_error():
 def test_nothing_judged_is_error():
     assert verdict([], fault_acted=True, errors=[]) == "error"
     assert verdict(iter([OK]), fault_acted=True, errors=[]) == "pass"
+
+
+def test_a_safeguard_abort_is_aborted_unless_the_run_itself_broke():
+    assert verdict([OK, BAD], fault_acted=True, errors=[], aborted=True) == "aborted"
+    assert verdict([OK], fault_acted=False, errors=[], aborted=True) == "aborted"   # evidence cut short
+    assert verdict([OK], fault_acted=True, errors=["cleanup failed"], aborted=True) == "error"
+    assert verdict([OK], fault_acted=True, errors=[], interrupted=True, aborted=True) == "error"
