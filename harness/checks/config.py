@@ -57,7 +57,9 @@ class RecoveryConfig(_Strict):
     """Limits on time to recover (seconds, measured from the fault or process death), and
     what "back within SLO" means: a rolling window of ``slo_window_s`` whose p95 TTFT and
     p95 E2E are at most ``baseline_p95_factor`` × the baseline's p95 (a factor, not a
-    tolerance in seconds; ``slo_tolerance`` is accepted as its former name)."""
+    tolerance in seconds; ``slo_tolerance`` is accepted as its former name). The dense
+    probes (``dense_*``) resolve the recovery instants to ≤ 100 ms
+    (``report.json``'s ``recovery.resolution_s``)."""
 
     time_to_healthy_s: float = Field(120.0, gt=0)
     time_to_first_success_s: float = Field(150.0, gt=0)
@@ -65,6 +67,13 @@ class RecoveryConfig(_Strict):
     slo_window_s: float = Field(5.0, gt=0)
     baseline_p95_factor: float = Field(2.0, gt=0, validation_alias=AliasChoices("baseline_p95_factor", "slo_tolerance"))
     health_interval_s: float = Field(0.25, gt=0)
+    #: Dense probes around the recovery (:class:`harness.metrics.health.RecoveryProber`):
+    #: ``/health`` every ``dense_health_interval_s`` and a one-token generation every
+    #: ``dense_generation_interval_s`` (seconds), from the kill (a fault whose damage is done
+    #: when it acts) or the fault's clear, until both succeeded after the clear.
+    dense_probes: bool = True
+    dense_health_interval_s: float = Field(0.025, gt=0)
+    dense_generation_interval_s: float = Field(0.05, gt=0)
 
 
 class FailFastConfig(_Strict):

@@ -33,6 +33,7 @@ from faults.base import Fault
 from faults.inject import FaultInjector, InjectionContext
 from faults.ledger import Ledger
 from harness.errors import LoadError, SpecchaosError
+from harness.experiment import recovery_probes
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.load.client import fetch_reference
@@ -213,6 +214,7 @@ class Session:
             self._faults_active += 1
             if self._faults_active == 1:
                 self.mark_phase("fault")
+                recovery_probes.fault_began(self)
 
     def fault_ended(self) -> None:
         """A fault action cleared its fault: the ``recovery`` phase starts once no fault
@@ -222,6 +224,7 @@ class Session:
             self._faults_active = max(0, self._faults_active - 1)
             if self._faults_active == 0:
                 self.mark_phase("recovery")
+                recovery_probes.faults_cleared(self)
 
     def faults_active(self) -> int:
         """Fault actions between inject and clear right now."""
@@ -292,6 +295,7 @@ class Session:
             self.closed = True
             steps = [
                 ("stop load", self.stop_load),
+                ("stop recovery probes", lambda: recovery_probes.stop(self)),
                 ("stop the breaker", self.stop_breaker),
                 ("clear faults", self.injector.clear_all),
                 ("release the load path", self.injector.release_all),

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from harness.load.records import append_record
 from harness.timeline import Timeline
 from tests.experiment.fast_e2e import run_fast
 from tests.experiment.files import experiment_doc, run_cli, write
+from tests.experiment.test_bad_input import assert_one_line_error, cli, doc
 from tests.factories import fail, make_record
 from tests.procs import leaked_since, sut_pids
 
@@ -98,11 +100,24 @@ def test_a_disarmed_monitor_never_signals(tmp_path, usr1):
     assert not usr1 and s.aborted is None
 
 
+@pytest.mark.parametrize("safeguard, needle", [
+    ({"metric": "error_rate", "limit": 5}, "configuration.specchaos.safeguards.0.limit"),
+    ({"metric": "error_rate", "limit": 0.5, "phases": ["baseline"]}, "configuration.specchaos.safeguards.0.phases.0"),
+    ({"metric": "p95", "limit": 0.5}, "configuration.specchaos.safeguards.0.metric"),
+])
+def test_a_bad_safeguard_is_one_line_and_exit_2(tmp_path, safeguard, needle):
+    d = doc()
+    d["configuration"]["specchaos"]["safeguards"] = [safeguard]
+    assert_one_line_error(cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o")), needle)
+
+
 # ------------------------------------------------------------------ the fast path (fake vLLM)
 @pytest.mark.timeout(180)
 def test_a_kill_that_forbids_errors_is_aborted(tmp_path):
     before = sut_pids()
-    code, rep, seconds, out = run_fast(tmp_path, "abort", safeguards=[ERRORS_FORBIDDEN])
+    # the supervisor waits 5 s before restarting the killed fake: a 5 s outage, errors all along
+    code, rep, seconds, out = run_fast(tmp_path, "abort", safeguards=[ERRORS_FORBIDDEN],
+                                       stack={"restart": {"backoff_s": 5.0, "backoff_max_s": 5.0}})
     print(f"aborted run: {seconds:.1f} s; abort: {rep['safeguards']['abort']}")
     assert rep["verdict"] == "aborted" and code == 1, (rep["errors"], rep["safeguards"])
     assert rep["errors"] == []
@@ -121,13 +136,37 @@ def test_a_kill_that_forbids_errors_is_aborted(tmp_path):
     assert not leaked_since(before, wait_s=10)
 
 
+@pytest.fixture(scope="module")
+def healthy_kill(tmp_path_factory):
+    """One fast run of the worker kill with a safeguard scoped to the ``after`` phase (the
+    kill's own errors are expected; none after it)."""
+    return run_fast(tmp_path_factory.mktemp("quiet"), "quiet", safeguards=[dict(ERRORS_FORBIDDEN, phases=["after"])])
+
+
 @pytest.mark.timeout(180)
-def test_a_safeguard_scoped_to_the_after_phase_stays_quiet_on_a_healthy_kill(tmp_path):
-    quiet = dict(ERRORS_FORBIDDEN, phases=["after"])
-    code, rep, _, _ = run_fast(tmp_path, "quiet", safeguards=[quiet])
+def test_a_safeguard_scoped_to_the_after_phase_stays_quiet_on_a_healthy_kill(healthy_kill):
+    code, rep, _, _ = healthy_kill
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], [c for c in rep["checks"] if not c["passed"]])
     assert rep["safeguards"]["abort"] is None and rep["safeguards"]["breaches"] == {"error_rate": None}
     assert {c["name"]: c for c in rep["checks"]}["safeguards.error_rate"]["passed"]
+
+
+@pytest.mark.timeout(180)
+def test_dense_probes_resolve_the_recovery_to_100_ms(healthy_kill):
+    """The kill's recovery instants (health 200, first complete generation) are known to
+    <= 100 ms: /health every 25 ms and a one-token generation every 50 ms from the kill
+    until both succeeded after the clear (the regular sampler alone: 200 ms here)."""
+    _, rep, _, out = healthy_kill
+    rec = rep["recovery"]
+    print(f"recovery: {rec}")
+    assert rec["resolution_s"] is not None and rec["resolution_s"] <= 0.1, rec
+    assert rec["resolution"]["time_to_healthy_s"] <= 0.1 and rec["resolution"]["time_to_first_success_s"] <= 0.1
+    events = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    probes = [e for e in events if e["event"] == "generation_probe"]
+    assert probes and any(e["ok"] for e in probes) and any(not e["ok"] for e in probes)
+    dense = [e["t"] for e in events if e["event"] == "health" and e.get("dense")]
+    assert dense and max(dense) <= max(e["t"] for e in probes) + 1.0   # they stopped after the recovery
+    assert rep["phases"]["after"]["requests"] > 0
 
 
 # ------------------------------------------------------------------ the real stack
