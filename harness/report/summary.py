@@ -65,7 +65,7 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     ab = (report.get("safeguards") or {}).get("abort")
     if ab:
         lat = ab.get("detection_latency_s")
-        t.append(f"\naborted by safeguard {ab.get('safeguard')}: {ab.get('reason')}", style="bold red")
+        t.append(f"\n{ab.get('reason')}", style="bold red")
         t.append(f" (detection latency {'—' if lat is None else f'{lat:.2f} s'} beyond for_s"
                  + (f", {ab['fault_to_abort_s']:.2f} s after the fault" if ab.get("fault_to_abort_s") is not None
                     else "") + "; rollbacks ran)", style="red")
