@@ -6,7 +6,9 @@ declares a fault whose damage is done when it acts (a process kill: recovery is 
 from the kill, and its evidence waits for the restarted server, so the recovery happens
 *before* the fault is cleared), else from the moment every fault is cleared; until a
 ``/health`` 200 and a complete one-token generation, both sent after that clear, came back.
-Probes go where they would measure what users see: ``/health`` straight to the server (as
+The generation is the shortest prompt of the set with ``max_tokens: 1`` (one prefill, no
+speculative step: the server's speculation counters do not move). Probes go where they
+would measure what users see: ``/health`` straight to the server (as
 the regular health sampler), generations along the load's path (through a fault proxy
 when one is in place). Off with ``recovery.dense_probes: false``.
 """
@@ -37,7 +39,7 @@ def _start(s: "Session") -> RecoveryProber | None:
         return None
     ph = s.cfg.phases
     p = RecoveryProber(s.timeline, "spec", spec.base_url, s.fault_ctx.load_urls.get("spec", spec.base_url),
-                       spec.model, s.prompts[0], health_interval_s=rc.dense_health_interval_s,
+                       spec.model, min(s.prompts, key=lambda p: p.prompt_tokens), health_interval_s=rc.dense_health_interval_s,
                        generation_interval_s=rc.dense_generation_interval_s,
                        max_s=ph.fault_timeout_s + ph.recovery_timeout_s + s.info.method_hold_s)
     _probers[id(s)] = p
