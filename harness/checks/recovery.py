@@ -16,13 +16,16 @@ injection for a fault whose damage is done when it acts, such as a process kill
   fault (stepping by request completion) with ≥ 3 requests, no errors, and p95 TTFT and
   p95 E2E within ``baseline p95 × rc.baseline_p95_factor``.
 
-**Resolution** (:func:`resolution`): how precisely the first two instants are known — the
-gap before each in which nothing observed the server: for health, from the last down
-sample to the first 200 (event instants); for the first success, from the end of the last
-failed attempt (load request or probe, sent after the fault) to the send of the first
-success (0 when they overlapped). ``report.json``'s ``recovery.resolution_s`` is the larger
-of the two; the dense probes (25 ms health, 50 ms generation) keep it ≤ 100 ms. The SLO
-window's end steps by request completion and is not part of it.
+**Resolution** (:func:`resolution`): how precisely the first two instants are known. The
+transition lies between the last observation of the server down (a non-200 health sample;
+a failed attempt) and the first success; inside that span, an instant is *watched* while
+some probe or request is in flight (sent, not yet answered: a request waiting in a
+listening server's backlog watches until it is answered). The resolution is the longest
+unwatched stretch there — for health from the last down sample to the first 200, for the
+first success from the end of the last failed attempt to the end of the first complete
+one. ``report.json``'s ``recovery.resolution_s`` is the larger of the two; the dense
+probes (25 ms health, 50 ms generation) keep it ≤ 100 ms. The SLO window's end steps by
+request completion and is not part of it.
 """
 
 from __future__ import annotations
@@ -189,22 +192,46 @@ def attempts(records: Iterable[RequestRecord], events: Iterable[dict[str, Any]],
     return sorted(out, key=lambda a: a[1])
 
 
+def _longest_unwatched(lo: float, hi: float, watched: Iterable[tuple[float, float]]) -> float:
+    """Longest stretch of ``(lo, hi)`` covered by none of the ``(start, end)`` intervals."""
+    gap, cur = 0.0, lo
+    for a, b in sorted(watched):
+        if b <= cur:
+            continue
+        if a >= hi:
+            break
+        if a > cur:
+            gap = max(gap, a - cur)
+        cur = max(cur, b)
+        if cur >= hi:
+            break
+    return max(gap, hi - cur)
+
+
 def resolution(records: Iterable[RequestRecord], events: Iterable[dict[str, Any]], fault_time: float,
                server: str = "spec") -> dict[str, float | None]:
     """How precisely the recovery instants are known (see module doc), seconds:
-    ``{"time_to_healthy_s", "time_to_first_success_s", "resolution_s"}`` — the gap before
-    the first health 200 after down, the gap before the first complete generation, and
-    the larger of the two. None where there is no transition to resolve (never down,
-    never back, or no failed attempt before the first success)."""
+    ``{"time_to_healthy_s", "time_to_first_success_s", "resolution_s"}`` — the longest
+    unwatched stretch before the first health 200 after down, the same before the first
+    complete generation, and the larger of the two. None where there is no transition to
+    resolve (never down, never back, or no failed attempt before the first success).
+
+    A health sample is in flight from ``t − latency_s`` to ``t``; a generation attempt from
+    its send to its end (:func:`attempts`)."""
     events = list(events)
     healthy, last_down = _healthy_transition(events, fault_time, server)
-    h = None if healthy is None or last_down is None else healthy - last_down
+    h = None
+    if healthy is not None and last_down is not None:
+        samples = [(e["t"] - float(e.get("latency_s") or 0.0), e["t"]) for e in events
+                   if e.get("event") == "health" and e.get("server") == server and last_down <= e["t"]]
+        h = _longest_unwatched(last_down, healthy, samples)
     tries = attempts(records, events, fault_time, server)
     first = next((a for a in tries if a[2]), None)
     g = None
     if first is not None:
         fails = [end for send, end, ok in tries if not ok and end <= first[1]]
-        g = None if not fails else max(0.0, first[0] - max(fails))
+        if fails:
+            g = _longest_unwatched(max(fails), first[1], [(send, end) for send, end, _ in tries])
     known = [v for v in (h, g) if v is not None]
     return {"time_to_healthy_s": h, "time_to_first_success_s": g, "resolution_s": max(known) if known else None}
 

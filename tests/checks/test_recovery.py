@@ -191,3 +191,16 @@ def test_load_failures_before_the_first_success_bound_its_resolution():
             make_record(send_time=1029.96)]
     res = resolution(recs, [], FAULT)
     assert res["time_to_first_success_s"] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_probes_waiting_in_a_backlog_watch_the_server_until_it_answers():
+    # refused until 1030.0; then the port listens but answers only from 1030.4: probes sent
+    # every 25 ms meanwhile wait and all get their 200 at 1030.4 — the instant is pinned
+    evs = [ev(1029.0 + k * 0.025, "health", source="health", server="spec", status=None, latency_s=0.001)
+           for k in range(41)]
+    evs += [ev(1030.4, "health", source="health", server="spec", status=200, latency_s=1030.4 - s)
+            for s in (1030.02, 1030.045, 1030.07)]
+    assert resolution([], evs, FAULT)["time_to_healthy_s"] == pytest.approx(0.02, abs=1e-6)
+    # without the waiting probes (answered one by one at 4 Hz) the doubt is the whole 0.4 s
+    sparse = evs[:41] + [ev(1030.4, "health", source="health", server="spec", status=200, latency_s=0.001)]
+    assert resolution([], sparse, FAULT)["time_to_healthy_s"] == pytest.approx(0.399, abs=1e-6)
