@@ -10,7 +10,7 @@ The session owns the run directory and orders its resources:
               circuit breaker, subscribed to the scraper (when ``stack.breaker.enabled``) → locust load
               (to ``load_urls["spec"]``, and in mirror mode to ``load_urls["ref"]`` too) → warm-up
               → ``baseline`` phase
-    close():  stop load → stop the breaker → clear every fault → release the load path → stop health
+    close():  stop load → stop the dense recovery probes → stop the breaker → clear every fault → release the load path → stop health
               sampler → stop GPU telemetry → stop metrics scraper → stop stack → forget the run state (idempotent; also run on
               errors and signals)
 
