@@ -8,16 +8,22 @@ from harness.checks.base import CheckResult
 
 __all__ = ["Verdict", "verdict"]
 
-Verdict = Literal["pass", "fail", "error"]
+Verdict = Literal["pass", "fail", "error", "aborted"]
 
 
-def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[str], interrupted: bool = False) -> Verdict:
-    """``"error"``, ``"fail"`` or ``"pass"``.
+def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[str], interrupted: bool = False,
+            aborted: bool = False) -> Verdict:
+    """``"error"``, ``"aborted"``, ``"fail"`` or ``"pass"``.
 
     * ``"error"``: the experiment itself did not run as declared — any run error, an
       interruption, or a fault without evidence that it acted (a fault that did not
       happen proves nothing: it is an error, never a pass), or no judged check at all
       (nothing was judged);
+    * ``"aborted"``: a continuous safeguard (:mod:`harness.checks.safeguards`) was breached
+      during the method and stopped it (rollbacks ran): the system under test crossed a
+      hard limit, a finding like a failed check (exit 1), named apart because the method
+      did not run to its end. A fault whose evidence the abort cut short is no error here;
+      the judge leaves it out of ``errors``;
     * ``"fail"``: it ran, and at least one judged check failed;
     * ``"pass"``: it ran and every judged check passed.
 
@@ -25,7 +31,11 @@ def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[st
     neither way; the report lists them with their reason.
     """
     judged = [c for c in checks if c.judged]
-    if errors or interrupted or not fault_acted or not judged:
+    if errors or interrupted or not judged:
+        return "error"
+    if aborted:
+        return "aborted"
+    if not fault_acted:
         return "error"
     if any(c.failed for c in judged):
         return "fail"

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
                                    FallbackConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
-                                   RecoveryConfig, ServerMemoryConfig, SloConfig, SpeculationConfig)
+                                   RecoveryConfig, SafeguardConfig, ServerMemoryConfig, SloConfig,
+                                   SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
 from harness.load.config import LoadConfig
@@ -63,6 +64,15 @@ class SpecchaosConfig(BaseModel):
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    safeguards: list[SafeguardConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _safeguard_names(self) -> "SpecchaosConfig":
+        names = [sg.label for sg in self.safeguards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"safeguards: two safeguards are named {dup[0]!r}: give each its own name")
+        return self
 
     @model_validator(mode="after")
     def _integrity_needs_reference(self) -> "SpecchaosConfig":

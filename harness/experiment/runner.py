@@ -5,7 +5,8 @@ method (it just skips the method). Here every tolerance miss, before or after th
 method, fails the run (:mod:`harness.checks.steady_state`); any activity that raised,
 an interruption, or a fault without evidence makes it an error:
 
-    exit 0 = pass, 1 = fail, 2 = error (also: bad input, nothing started).
+    exit 0 = pass, 1 = fail or aborted (a safeguard stopped the method),
+    2 = error (also: bad input, nothing started).
 
 Validation (:func:`harness.experiment.validate.load_experiment`) happens before
 anything starts; the verdict is the judge's (:mod:`harness.report.judge`), computed once.
@@ -32,7 +33,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EXIT_CODES", "run", "prepare_out_dir"]
 
-EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
+#: ``aborted``: a continuous safeguard stopped the method (:mod:`harness.experiment.safeguards`):
+#: the system under test crossed a hard limit, a finding like a failed check.
+EXIT_CODES = {"pass": 0, "fail": 1, "aborted": 1, "error": 2}
 
 #: Chaos Toolkit settings of a run: rollbacks always play (they clear every fault, and
 #: clearing is idempotent). The "default" strategy skips them after a failed or
@@ -68,7 +71,8 @@ def run(path: str | Path, out_dir: str | Path, progress: bool = False) -> tuple[
         with _quiet_rollback_notice():
             journal = run_experiment(exp.doc, settings=RUN_SETTINGS)
     except (KeyboardInterrupt, SystemExit):
-        s.note_interrupt("a signal")
+        if not s.aborted:   # a safeguard's abort (SIGUSR1) is no interruption
+            s.note_interrupt("a signal")
     except Exception as exc:
         log.exception("the experiment runner failed")
         s.errors.append(f"runner failed: {type(exc).__name__}: {exc}")

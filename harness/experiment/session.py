@@ -10,7 +10,7 @@ The session owns the run directory and orders its resources:
               circuit breaker, subscribed to the scraper (when ``stack.breaker.enabled``) → locust load
               (to ``load_urls["spec"]``, and in mirror mode to ``load_urls["ref"]`` too) → warm-up
               → ``baseline`` phase
-    close():  stop load → stop the breaker → clear every fault → release the load path → stop health
+    close():  stop load → stop the dense recovery probes → stop the breaker → clear every fault → release the load path → stop health
               sampler → stop GPU telemetry → stop metrics scraper → stop stack → forget the run state (idempotent; also run on
               errors and signals)
 
@@ -33,6 +33,7 @@ from faults.base import Fault
 from faults.inject import FaultInjector, InjectionContext
 from faults.ledger import Ledger
 from harness.errors import LoadError, SpecchaosError
+from harness.experiment import recovery_probes
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.load.client import fetch_reference
@@ -83,6 +84,11 @@ class RunInterrupted(SpecchaosError):
     its fault is cleared, instead of holding it for its whole duration."""
 
 
+class RunAborted(RunInterrupted):
+    """Raised by :meth:`Session.sleep` in any thread once a continuous safeguard aborted
+    the method (its message is the abort's reason, ``aborted by safeguard ...``)."""
+
+
 #: Upper bound of :meth:`Session.await_faults_cleared` (a fault action always ends after
 #: its ``duration_s`` and evidence timeout; this only bounds the loop).
 FAULTS_CLEARED_LIMIT_S = 3600.0
@@ -106,6 +112,9 @@ class Session:
         self.timeline = Timeline(self.out_dir / "timeline.jsonl")
         self.errors: list[str] = []
         self.interrupted = False
+        #: Set (to the reason) when a continuous safeguard aborted the method
+        #: (:mod:`harness.experiment.safeguards`); every wait then ends, as on a signal.
+        self.aborted: str | None = None
         self.phase: str | None = None
         self.stack: Any = None
         self.load: LocustProcess | None = None
@@ -211,6 +220,7 @@ class Session:
             self._faults_active += 1
             if self._faults_active == 1:
                 self.mark_phase("fault")
+                recovery_probes.fault_began(self)
 
     def fault_ended(self) -> None:
         """A fault action cleared its fault: the ``recovery`` phase starts once no fault
@@ -220,6 +230,7 @@ class Session:
             self._faults_active = max(0, self._faults_active - 1)
             if self._faults_active == 0:
                 self.mark_phase("recovery")
+                recovery_probes.faults_cleared(self)
 
     def faults_active(self) -> int:
         """Fault actions between inject and clear right now."""
@@ -250,6 +261,8 @@ class Session:
         while True:
             if self.interrupted:   # any thread: a fault action in the background ends too
                 raise RunInterrupted(self.errors[0] if self.errors else "interrupted")
+            if self.aborted:
+                raise RunAborted(self.aborted)
             left = end - time.monotonic()
             if left <= 0:
                 return
@@ -288,6 +301,7 @@ class Session:
             self.closed = True
             steps = [
                 ("stop load", self.stop_load),
+                ("stop recovery probes", lambda: recovery_probes.stop(self)),
                 ("stop the breaker", self.stop_breaker),
                 ("clear faults", self.injector.clear_all),
                 ("release the load path", self.injector.release_all),

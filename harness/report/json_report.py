@@ -4,7 +4,7 @@ The report is a plain dict anyone can read without this code; :func:`build_repor
 assembles it from what the judge computed, :func:`write_report` writes it atomically.
 Instants are epoch seconds, durations seconds. Schema (more fields may be present)::
 
-    {"experiment": str, "verdict": "pass"|"fail"|"error",
+    {"experiment": str, "verdict": "pass"|"fail"|"aborted"|"error",
      "stack": {"launcher": str, "vllm_version": str,
                "speculative": {"method": str, "draft": str|null, "num_speculative_tokens": int}},
      "faults": [{"fault_id": str, "kind": str, "target": str, "injected_at": float,
@@ -34,7 +34,13 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                    "not_comparable" (sampled, not compared), "first_divergence", "examples"},
      "mirror": {"enabled", "groups": [...]} (speculative vs plain, :mod:`harness.checks.mirror`),
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",
-                  "measured_from": float|null},
+                  "measured_from": float|null, "resolution_s": float|null (how precisely the
+                  first two are known), "resolution": {"time_to_healthy_s", "time_to_first_success_s"}},
+     "safeguards": {"configured": [...], "breaches": {name: {...}|null},
+                    "abort": {"safeguard", "metric", "observed", "n", "limit", "window_s", "for_s",
+                              "breach_start", "due_at", "detected_at", "aborted_at",
+                              "detection_latency_s", "breach_to_abort_s", "fault_to_abort_s",
+                              "reason"}|null} (harness.checks.safeguards),
      "fail_fast": {"in_flight": int, "max_error_latency_s": float},
      "speculation": {"servers": {name: {"speculative", "phases": {phase: {"acceptance_rate",
                      "mean_acceptance_length", "per_position_acceptance", ...}}, "windows", ...}}}

@@ -24,7 +24,7 @@ from rich.text import Text
 __all__ = ["render_summary", "print_summary"]
 
 _PHASES = ("baseline", "fault", "recovery", "after")
-_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yellow"}
+_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "aborted": "bold red", "error": "bold yellow"}
 
 
 def _ms(v: Any) -> str:
@@ -72,6 +72,13 @@ def _verdict_line(report: dict[str, Any]) -> Text:
         t.append(f"\nerror: {e}", style="yellow")
     if report.get("interrupted"):
         t.append("\ninterrupted", style="yellow")
+    ab = (report.get("safeguards") or {}).get("abort")
+    if ab:
+        lat = ab.get("detection_latency_s")
+        t.append(f"\n{ab.get('reason')}", style="bold red")
+        t.append(f" (detection latency {'—' if lat is None else f'{lat:.2f} s'} beyond for_s"
+                 + (f", {ab['fault_to_abort_s']:.2f} s after the fault" if ab.get("fault_to_abort_s") is not None
+                    else "") + "; rollbacks ran)", style="red")
     return t
 
 
@@ -250,6 +257,8 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
                        ("time_to_slo_s", "time to SLO")):
         v = rec.get(key)
         tab.add_row(label, "never" if v is None else f"{v:.2f} s")
+    if rec.get("resolution_s") is not None:
+        tab.add_row("recovery resolution", f"{rec['resolution_s'] * 1000:.0f} ms")
     integ = report.get("integrity") or {}
     for key in ("compared", "mismatched", "malformed", "false_success", "not_comparable"):
         if key in integ:

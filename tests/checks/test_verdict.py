@@ -45,3 +45,10 @@ def test_verdict_ignores_checks_not_judged():
     # ... nor hide a failure, nor stand in for a judgement
     assert verdict([BAD, NOT_JUDGED], fault_acted=True, errors=[]) == "fail"
     assert verdict([NOT_JUDGED, NOT_JUDGED], fault_acted=True, errors=[]) == "error"
+
+
+def test_a_safeguard_abort_is_aborted_unless_the_run_itself_broke():
+    assert verdict([OK, BAD], fault_acted=True, errors=[], aborted=True) == "aborted"
+    assert verdict([OK], fault_acted=False, errors=[], aborted=True) == "aborted"   # evidence cut short
+    assert verdict([OK], fault_acted=True, errors=["cleanup failed"], aborted=True) == "error"
+    assert verdict([OK], fault_acted=True, errors=[], interrupted=True, aborted=True) == "error"

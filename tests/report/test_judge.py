@@ -307,3 +307,37 @@ def test_report_counts_logical_requests_and_unavailable_seconds(tmp_path):
     assert rep["availability"]["servers"]["spec"]["phases"]["fault"]["unavailable_s"] == fault["unavailable_s"]
     assert rep["requests"]["logical"] == rep["requests"]["total"]     # old records: one try each
     assert fault["tries"] == fault["requests"]
+
+
+def test_a_safeguard_abort_is_the_verdict_aborted_with_its_timing(tmp_path):
+    sg = {"metric": "error_rate", "limit": 0.5, "window_s": 2, "for_s": 2, "min_requests": 3}
+    evs = timeline(evidence=False) + [   # the abort cut the kill's evidence (waiting for the restart) short
+        ev(1030.0, "safeguards_armed", source="safeguards"),
+        ev(1033.7, "safeguard_breached", source="safeguards", safeguard="error_rate", metric="error_rate",
+           observed=1.0, n=8, limit=0.5, window_s=2, for_s=2, breach_start=1031.5, due_at=1033.5),
+        ev(1033.71, "safeguard_abort", source="safeguards", safeguard="error_rate", signal="SIGUSR1",
+           reason="aborted by safeguard error_rate: error_rate 1 over 8 requests > 0.5 for 2 s (window 2 s)")]
+    d = write_run(tmp_path / "run", events=evs)
+    meta = dict(META, journal_status="interrupted",
+                errors=["activity 'bg': harness.experiment.session.RunAborted: aborted by safeguard error_rate: ..."])
+    rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), meta)
+    assert rep["verdict"] == "aborted" and rep["errors"] == []
+    ab = rep["safeguards"]["abort"]
+    assert ab["detection_latency_s"] == pytest.approx(0.21) and ab["fault_to_abort_s"] == pytest.approx(3.21)
+    assert ab["breach_to_abort_s"] == pytest.approx(2.21) and ab["reason"].startswith("aborted by safeguard")
+    c = by_name(rep)["safeguards.error_rate"]
+    assert not c["passed"] and "aborted" in c["detail"]
+    # re-derived from the records: connect errors from 1030.5, every 0.25 s
+    br = rep["safeguards"]["breaches"]["error_rate"]
+    assert 1030.5 < br["breach_start"] < 1032.0 and br["due_at"] == pytest.approx(br["breach_start"] + 2)
+    # a real run error still makes it an error
+    rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), dict(meta, errors=["cleanup: stop stack failed: x"]))
+    assert rep["verdict"] == "error"
+
+
+def test_a_quiet_safeguard_passes(tmp_path):
+    sg = {"metric": "error_rate", "limit": 0.5, "window_s": 2, "for_s": 2, "phases": ["after"]}
+    d = write_run(tmp_path / "run", events=timeline() + [ev(1030.0, "safeguards_armed", source="safeguards")])
+    rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), META)
+    assert rep["verdict"] == "pass", [c for c in rep["checks"] if not c["passed"]]
+    assert by_name(rep)["safeguards.error_rate"]["passed"] and rep["safeguards"]["abort"] is None

@@ -141,3 +141,14 @@ def test_enough_samples_prints_percentiles():
     rep = {**REPORT, "phases": {"after": phase_of(complete=40, enough_samples=True, latency_window={})}}
     after = [line for line in render(rep).splitlines() if line.strip().startswith("│ after")]
     assert "102/104" in after[1] and "1865/1865" in after[1] and "n=" not in after[1]
+
+
+def test_summary_of_an_aborted_run_says_why_and_how_fast():
+    ab = {"safeguard": "error_rate", "detection_latency_s": 0.21, "fault_to_abort_s": 4.3,
+          "reason": "aborted by safeguard error_rate: error_rate 1 over 16 requests > 0.5 for 2 s (window 2 s)"}
+    text = render({**REPORT, "verdict": "aborted", "safeguards": {"abort": ab},
+                   "recovery": {**REPORT["recovery"], "resolution_s": 0.031}})
+    assert text.startswith("ABORTED  kill the draft worker")
+    assert "aborted by safeguard error_rate: error_rate 1 over 16 requests > 0.5" in text
+    assert "detection latency 0.21 s beyond for_s, 4.30 s after the fault; rollbacks ran" in text
+    assert "recovery resolution" in text and "31 ms" in text
