@@ -1,4 +1,5 @@
-"""Shared fixtures for the load-side tests: a tiny tokenizer built here (no model needed)."""
+"""Shared fixtures for the load-side tests: a tiny tokenizer built here (no model needed), a
+fake vLLM server per module and a run directory holding :data:`PROMPTS`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,26 @@ from pathlib import Path
 import pytest
 
 from harness.load import prompts as prompts_mod
+from harness.load.prompts import Prompt, save_prompt_set
+from tests.fakes import run_fake
+
+#: The small prompt set the locust-process tests send (every bucket, 4-token prompts, 6 tokens out).
+PROMPTS = [Prompt(i, ("short", "medium", "long")[i % 3], f"prompt number {i}", 4, 6) for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A fake vLLM server (:func:`tests.fakes.run_fake`) shared by one test module."""
+    with run_fake() as srv:
+        yield srv
+
+
+@pytest.fixture()
+def run_dir(tmp_path):
+    """A run directory with ``prompts.json`` (:data:`PROMPTS`) and ``logs/``."""
+    save_prompt_set(tmp_path / "prompts.json", PROMPTS)
+    (tmp_path / "logs").mkdir()
+    return tmp_path
 
 
 def _build_tokenizer(path: Path) -> None:

@@ -23,26 +23,11 @@ from faults.cleanup import cleanup
 from harness import state
 from harness.experiment.config import LoadConfig
 from harness.load.locust_process import LocustProcess, exit_reason
-from harness.load.prompts import Prompt, save_prompt_set
 from harness.load.records import read_records, worker_record_files, worker_records_path
 
-from tests.fakes import run_fake
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = [Prompt(i, ("short", "medium", "long")[i % 3], f"prompt number {i}", 4, 6) for i in range(5)]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with run_fake() as srv:
-        yield srv
-
-
-@pytest.fixture()
-def run_dir(tmp_path):
-    save_prompt_set(tmp_path / "prompts.json", PROMPTS)
-    (tmp_path / "logs").mkdir()
-    return tmp_path
+from tests.load.conftest import PROMPTS
 
 
 def make(base_url: str, run_dir: Path, model: str = "fake", run_time_s: float = 60, **cfg) -> LocustProcess:

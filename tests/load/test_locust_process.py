@@ -13,25 +13,11 @@ import pytest
 from harness.errors import LoadError
 from harness.experiment.config import LoadConfig
 from harness.load.locust_process import LocustProcess
-from harness.load.prompts import Prompt, save_prompt_set
+from harness.load.prompts import save_prompt_set
 from harness.load.records import read_records
 
-from tests.fakes import run_fake
 
-PROMPTS = [Prompt(i, ("short", "medium", "long")[i % 3], f"prompt number {i}", 4, 6) for i in range(5)]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with run_fake() as srv:
-        yield srv
-
-
-@pytest.fixture()
-def run_dir(tmp_path):
-    save_prompt_set(tmp_path / "prompts.json", PROMPTS)
-    (tmp_path / "logs").mkdir()
-    return tmp_path
+from tests.load.conftest import PROMPTS
 
 
 def make(server, run_dir, scenario, run_time_s=30, stop_timeout_s=5.0, **cfg):

@@ -13,7 +13,8 @@ import pytest
 
 from harness.load.records import read_records
 from harness.load.retry import retryable
-from tests.load.test_locust_process import PROMPTS, make, run_dir, server, wait_for  # noqa: F401 (fixtures)
+from tests.load.conftest import PROMPTS
+from tests.load.test_locust_process import make, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
