@@ -40,6 +40,7 @@ from harness.load.locust_process import LocustProcess, exit_reason
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import write_records
 from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
+from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
 from harness.metrics.scraper import METRICS_FILE, MetricsScraper
 from harness.report.judge import judge_run
@@ -110,6 +111,7 @@ class Session:
         self.gpu: GpuSampler | None = None
         self.scraper: MetricsScraper | None = None
         self.breaker: SpeculationBreaker | None = None
+        self.cpu_meter: CpuMeter | None = None   # the harness's own CPU while the load runs
         self.prompts: list = []
         self.report: dict[str, Any] | None = None
         self.closed = False
@@ -187,6 +189,7 @@ class Session:
                                   mirror_url=self.fault_ctx.load_urls["ref"] if mirror else None,
                                   mirror_model=mirror.model if mirror else None)
         self.load.start()
+        self.cpu_meter = CpuMeter(self.load.pid).start() if self.load.pid else None
         self.timeline.emit("runner", "load_started", users=lc.users, mirror=lc.mirror)
         log.info("load running: %d users; warm-up %.0f s, baseline %.0f s", lc.users, ph.warmup_s, ph.baseline_s)
         self.sleep(ph.warmup_s)
@@ -265,6 +268,8 @@ class Session:
         """Stop locust (in-flight requests are written) and mark the end of the load."""
         with self._lock:
             if self.load is not None:
+                if self.cpu_meter is not None:
+                    self.cpu_meter.stop()   # before locust exits: its last sample counts
                 self.load.stop()
                 self.load = None
                 self.timeline.emit("runner", "load_stopped")
@@ -318,6 +323,8 @@ class Session:
             "journal_status": journal.get("status") if journal else None,
             "steady_state": steady_state_summary(journal),
         })
+        if self.cpu_meter is not None:
+            meta["harness_cpu"] = self.cpu_meter.section(load_requests(self.records_path))
         self.write_meta(meta)
         report = judge_run(self.out_dir, self.cfg, meta, journal=journal)
         write_report(self.out_dir / "report.json", report)
