@@ -229,7 +229,8 @@ def stream_completion(
         source: ``"load"``, ``"reference"`` or ``"probe"``.
         user_id: locust user index, -1 otherwise.
         ignore_eos: ask the server to ignore EOS (always ``max_tokens`` outputs).
-        on_interrupt: called with the partial record (``error="other:<Name>"``) when a
+        on_interrupt: called with the partial record (``error="other:<Name>"``; a record
+            that already ended with ``[DONE]``, interrupted while draining, as it is) when a
             non-``Exception`` interrupts the request (gevent's ``GreenletExit`` when locust
             stops a user, ``KeyboardInterrupt``); the interrupt is then re-raised.
         server: the record's ``server``: ``"spec"`` or ``"ref"`` (which server
@@ -300,8 +301,9 @@ def stream_completion(
             fail(_classify(exc), f"{type(exc).__name__}: {exc}")
     except BaseException as exc:
         guard.cancel()
-        fail(f"other:{type(exc).__name__}", "request interrupted by the client side (e.g. load shutdown)")
-        rec.ok = False
+        if not rec.done:   # after [DONE] only the drain was interrupted: the exchange is complete
+            fail(f"other:{type(exc).__name__}", "request interrupted by the client side (e.g. load shutdown)")
+        rec.ok = rec.status == 200 and rec.error is None and rec.done and rec.finish_reason is not None
         if on_interrupt is not None:
             on_interrupt(rec)
         raise
@@ -353,8 +355,6 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[
                 break
     finally:
         rec.text = "".join(texts)
-    if rec.done:
-        _drain(events, guard)
     if rec.error is None:
         if guard.fired:
             fail("timeout", "no end of exchange within the request timeout")
@@ -366,6 +366,8 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[
             # vLLM ends the streams in flight with finish_reason "abort" when it shuts down
             # (SIGTERM, e.g. a planned restart): a cut response, never a success
             fail("aborted", f"the server ended the stream with finish_reason {rec.finish_reason!r}")
+    if rec.done:   # the record is final; an interrupt from here on leaves it as it is
+        _drain(events, guard)
 
 
 def _drain(events: Iterator[Any], guard: _Deadline) -> None:

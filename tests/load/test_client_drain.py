@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +122,39 @@ def test_a_body_held_open_after_done_costs_the_connection_not_the_request(server
     assert r.e2e_s < 1.0                       # E2E ends at [DONE], not at the drain's end
     assert took < client_mod.DRAIN_LIMIT_S + 1.0   # the drain gave up after DRAIN_LIMIT_S, not the 30 s timeout
     assert took >= client_mod.DRAIN_LIMIT_S * 0.9
+
+
+GEVENT_SCRIPT = r"""
+from gevent import monkey; monkey.patch_all()
+import sys, time, gevent, json
+from harness.load.client import make_client, stream_completion
+from harness.load.prompts import Prompt
+p = Prompt(0, "short", "x", 1, 4)
+url = sys.argv[1]
+out = {}
+with make_client() as c:
+    t0 = time.monotonic()
+    r = stream_completion(c, url, "m", p, timeout_s=30)
+    out["drained"] = [r.ok, r.error, round(time.monotonic() - t0, 3)]
+    seen = []
+    g = gevent.spawn(stream_completion, c, url, "m", p, timeout_s=30, on_interrupt=seen.append)
+    gevent.sleep(0.4)
+    g.kill(block=True)
+    out["interrupted"] = [seen[0].ok, seen[0].error, seen[0].done] if seen else None
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("server", [("hold", 5.0)], indirect=True)
+def test_under_gevent_the_drain_is_bounded_and_an_interrupt_there_keeps_the_record(server, tmp_path):
+    """Locust runs the client in greenlets: the drain's bound must hold there, and a user
+    stopped while draining (locust's stop) hands over its complete record as a success."""
+    script = tmp_path / "g.py"
+    script.write_text(GEVENT_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), server.url], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    ok, error, took = out["drained"]
+    assert ok and error is None and took < client_mod.DRAIN_LIMIT_S + 1.0
+    assert out["interrupted"] == [True, None, True]
