@@ -8,16 +8,23 @@ harness's real load process (:class:`harness.load.locust_process.LocustProcess`:
 gevent, :func:`harness.load.client.stream_completion`, one record per request appended to
 records.jsonl), pinned to one core with ``sched_setaffinity``:
 
-* **capacity**: ``--users`` closed-loop users (enough to keep the client busy) for
-  ``--seconds``; ``requests_per_s_per_core`` = complete requests that ended in the window ÷
-  its length. The client's and the server's CPU use in the window are reported: a client
-  near 100 % of its core and a server well below says the client was the bottleneck.
-* **timing**: ``--timing-users`` users (the default experiment's load: 4) for
-  ``--timing-seconds``; for every output chunk, the client's arrival instant (its record's
-  ``send_time`` + chunk offset, TTFT for the first) minus the server's send instant (both
-  the same machine's wall clock); ``timing_error_ms`` is the median of that lateness, with
-  p99 and max beside it (loopback transit included, so never 0). The same figures at
-  capacity are reported as ``timing_at_capacity``.
+* **capacity**: ``--users`` closed-loop users (enough to keep the client busy), chunks
+  ``--gap-ms`` apart, for ``--seconds``. ``requests_per_s_per_core`` = complete requests
+  that ended in the window ÷ the load process's CPU seconds in it (user + system, psutil),
+  i.e. requests per second of one whole core; on an idle machine the client saturates its
+  core and this equals the wall-clock rate (``capacity.requests_per_s``, reported beside it
+  with ``client_cpu_percent``); on a shared machine the other processes on that core take
+  part of it, and the wall-clock rate understates what a core sustains. The server's CPU
+  share says whether it, not the client, was the limit.
+* **timing**: ``--timing-users`` users (the default experiment's load: 4) against responses
+  paced like the tiny vLLM's (``--timing-gap-ms`` 20 ms between chunks: about 25
+  requests/s, the default experiment's rate) for ``--timing-seconds``; for every output
+  chunk, the client's arrival instant (its record's ``send_time`` + chunk offset, TTFT for
+  the first) minus the server's send instant (both the same machine's wall clock);
+  ``timing_error_ms`` is the median of that lateness, with p99 and max beside it (loopback
+  transit included, so never 0). The same figures at capacity are reported as
+  ``timing_at_capacity`` (a saturated client queues chunks: that is its limit, not its
+  accuracy).
 
 Not run by CI (tests/bench runs ``--quick`` and checks the output's shape only). Best run
 on an otherwise idle machine; on the shared 2-core machine take the vLLM lock so no vLLM
@@ -85,12 +92,13 @@ def cpu_s(p: psutil.Process) -> float:
 
 
 def run_load(url: str, work: Path, name: str, users: int, seconds: float, warm_s: float, cpu: int | None,
-             server: psutil.Process, chunks: int, tpc: int) -> dict[str, Any]:
+             server: psutil.Process, chunks: int, tpc: int, gap_ms: float) -> dict[str, Any]:
     d = work / name
     d.mkdir()
     cfg = LoadConfig(users=users, spawn_rate=1000, max_tokens=chunks * tpc, request_timeout_s=30,
                      max_requests=10_000_000)
-    load = LocustProcess(url, prompts_path=work / "prompts.json", records_path=d / "records.jsonl", model="bench",
+    load = LocustProcess(url, prompts_path=work / "prompts.json", records_path=d / "records.jsonl",
+                         model=f"gap:{gap_ms:g}",
                          cfg=cfg, run_time_s=warm_s + seconds + 60, log_path=d / "locust.log",
                          stop_timeout_s=5, startup_check_s=0.5)
     load.start()
@@ -109,6 +117,8 @@ def run_load(url: str, work: Path, name: str, users: int, seconds: float, warm_s
     ok = [r for r in window if r.ok]
     return {"users": users, "window_s": round(t1 - t0, 3), "requests": len(window), "ok": len(ok),
             "requests_per_s": round(len(ok) / (t1 - t0), 1),
+            "requests_per_cpu_s": round(len(ok) / (c1 - c0), 1) if c1 > c0 else None,
+            "client_cpu_ms_per_request": round((c1 - c0) * 1000 / len(ok), 3) if ok else None,
             "client_cpu_percent": round((c1 - c0) / (t1 - t0) * 100, 1),
             "server_cpu_percent": round((s1 - s0) / (t1 - t0) * 100, 1),
             "errors": sorted({str(r.error) for r in window if not r.ok}),
@@ -124,7 +134,8 @@ def main() -> int:
     ap.add_argument("--warm-s", type=float, default=2.0, help="load before each window")
     ap.add_argument("--chunks", type=int, default=8, help="output chunks per response (default 8)")
     ap.add_argument("--tokens-per-chunk", type=int, default=4)
-    ap.add_argument("--gap-ms", type=float, default=1.0, help="server's gap between chunks (default 1)")
+    ap.add_argument("--gap-ms", type=float, default=1.0, help="gap between chunks in the capacity run (default 1)")
+    ap.add_argument("--timing-gap-ms", type=float, default=20.0, help="gap between chunks in the timing run (default 20)")
     ap.add_argument("--client-cpu", type=int, default=None, help="core of the load process (default: the last)")
     ap.add_argument("--server-cpu", type=int, default=None, help="core of the server (default: the first)")
     ap.add_argument("--quick", action="store_true", help="2 s windows, 8 users (tests)")
@@ -157,9 +168,9 @@ def main() -> int:
         server = psutil.Process(srv.pid)
         load_before = os.getloadavg()[0]
         cap = run_load(url, work, "capacity", args.users, args.seconds, args.warm_s, client_cpu, server,
-                       args.chunks, tpc)
+                       args.chunks, tpc, args.gap_ms)
         tim = run_load(url, work, "timing", args.timing_users, args.timing_seconds, args.warm_s, client_cpu, server,
-                       args.chunks, tpc)
+                       args.chunks, tpc, args.timing_gap_ms)
     finally:
         srv.terminate()
         try:
@@ -168,13 +179,14 @@ def main() -> int:
             srv.kill()
             srv.wait()
     result = {
-        "requests_per_s_per_core": cap["requests_per_s"],
+        "requests_per_s_per_core": cap["requests_per_cpu_s"],
         "timing_error_ms": tim["timing"]["p50_ms"],
         "timing_error_p99_ms": tim["timing"]["p99_ms"],
         "capacity": {k: v for k, v in cap.items() if k != "timing"},
         "timing": {k: v for k, v in tim.items() if k != "timing"} | tim["timing"],
         "timing_at_capacity": cap["timing"],
         "settings": {"chunks": args.chunks, "tokens_per_chunk": tpc, "gap_ms": args.gap_ms,
+                     "timing_gap_ms": args.timing_gap_ms,
                      "client_cpu": client_cpu, "server_cpu": server_cpu, "cores": len(cores)},
         "loadavg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "work_dir": str(work),

@@ -3,7 +3,8 @@
 It answers every ``POST /v1/completions`` at once with a vLLM-shaped SSE stream (HTTP/1.1,
 chunked, keep-alive, one HTTP chunk per SSE event, as uvicorn writes vLLM's stream):
 ``--chunks`` output events of ``--tokens-per-chunk`` token ids each, ``--gap-ms`` apart,
-the last with ``finish_reason`` ``"length"``, then a usage event and ``data: [DONE]``.
+the last with ``finish_reason`` ``"length"``, then a usage event and ``data: [DONE]``; a
+request whose ``model`` is ``gap:<ms>`` gets that gap instead of ``--gap-ms``.
 Each output event's ``text`` is `` t<ns>``: the server's wall clock (``time.time_ns()``)
 taken just before that event was written to the socket, so a client can compare its own
 arrival time of the chunk with the send time (:func:`send_times_ns`).
@@ -105,16 +106,22 @@ class Stream(asyncio.Protocol):
         a, w = self.args, self.transport
         assert w is not None
         try:
-            model = json.loads(body or b"{}").get("model", "bench")
+            model = str(json.loads(body or b"{}").get("model", "bench"))
         except ValueError:
             model = "bench"
+        gap_ms = a.gap_ms
+        if model.startswith("gap:"):
+            try:
+                gap_ms = float(model[4:])
+            except ValueError:
+                pass
         self.counter[0] += 1
         rid = f"cmpl-{self.counter[0]}"
         w.write(_HEAD)
         base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
         for i in range(a.chunks):
-            if i and a.gap_ms > 0:
-                await asyncio.sleep(a.gap_ms / 1000.0)
+            if i and gap_ms > 0:
+                await asyncio.sleep(gap_ms / 1000.0)
             last = i == a.chunks - 1
             ids = list(range(i * a.tokens_per_chunk, (i + 1) * a.tokens_per_chunk))
             choice = {"index": 0, "text": f" t{time.time_ns()}", "token_ids": ids, "logprobs": None,
