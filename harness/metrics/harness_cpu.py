@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 __all__ = ["harness_cpu", "process_tree_cpu_s", "CpuMeter", "load_requests"]
 
 
-def harness_cpu(locust_cpu_s: float, controller_cpu_s: float, wall_s: float, requests: int) -> dict[str, Any]:
+def harness_cpu(locust_cpu_s: float, controller_cpu_s: float, wall_s: float, requests: int,
+                controller_threads: dict[str, float] | None = None) -> dict[str, Any]:
     """``report.json``'s ``harness_cpu``: the harness's CPU use over a load window.
 
     Args:
@@ -35,12 +36,15 @@ def harness_cpu(locust_cpu_s: float, controller_cpu_s: float, wall_s: float, req
         controller_cpu_s: CPU seconds of the controller process in the window.
         wall_s: the window's length, seconds (load start → load stop).
         requests: load requests sent in the window.
+        controller_threads: optional CPU seconds per controller thread name (threads of one
+            name summed), to see where the controller's CPU went; the five largest are kept.
 
     Returns:
         ``{"locust_cpu_s", "controller_cpu_s", "wall_s", "requests", "requests_per_s",
         "per_request_ms" (both processes' CPU milliseconds per request; None without
         requests), "percent_of_core" (both, CPU seconds ÷ wall seconds × 100; None for an
-        empty window), "locust_percent_of_core", "controller_percent_of_core"}``.
+        empty window), "locust_percent_of_core", "controller_percent_of_core"}``, plus
+        ``"controller_threads": {name: cpu_s}`` (the five largest) when given.
 
     Raises:
         ValueError: a negative CPU time, wall time or request count.
@@ -54,7 +58,7 @@ def harness_cpu(locust_cpu_s: float, controller_cpu_s: float, wall_s: float, req
     def pct(cpu: float) -> float | None:
         return round(cpu / wall_s * 100.0, 2) if wall_s > 0 else None
 
-    return {
+    out = {
         "locust_cpu_s": round(locust_cpu_s, 3),
         "controller_cpu_s": round(controller_cpu_s, 3),
         "wall_s": round(wall_s, 3),
@@ -65,6 +69,10 @@ def harness_cpu(locust_cpu_s: float, controller_cpu_s: float, wall_s: float, req
         "locust_percent_of_core": pct(locust_cpu_s),
         "controller_percent_of_core": pct(controller_cpu_s),
     }
+    if controller_threads is not None:
+        top = sorted(controller_threads.items(), key=lambda kv: -kv[1])[:5]
+        out["controller_threads"] = {name: round(cpu, 3) for name, cpu in top}
+    return out
 
 
 def process_tree_cpu_s(pid: int) -> float | None:
@@ -114,15 +122,28 @@ class CpuMeter:
         self._c0 = self._c1 = 0.0
         self._l0: float | None = None
         self._l1: float | None = None
+        self._th0: dict[int, float] = {}
+        self._th1: dict[int, float] = {}
+        self._names: dict[int, str] = {}
 
     def _controller_s(self) -> float:
         t = self._me.cpu_times()
         return t.user + t.system
 
+    def _threads_s(self) -> dict[int, float]:
+        try:
+            return {t.id: t.user_time + t.system_time for t in self._me.threads()}
+        except psutil.Error:
+            return {}
+
     def _sample(self) -> None:
         load = process_tree_cpu_s(self.load_pid)
+        threads = self._threads_s()
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         with self._lock:
             self._t1, self._c1 = time.monotonic(), self._controller_s()
+            self._th1.update(threads)
+            self._names.update({k: v for k, v in names.items() if k in threads})
             if load is not None:
                 if self._l0 is None:
                     self._l0 = load
@@ -130,6 +151,7 @@ class CpuMeter:
 
     def start(self) -> "CpuMeter":
         self._t0, self._c0 = time.monotonic(), self._controller_s()
+        self._th0 = self._threads_s()
         self._l0 = self._l1 = process_tree_cpu_s(self.load_pid)
         self._t1, self._c1 = self._t0, self._c0
         self._thread = threading.Thread(target=self._run, name="harness-cpu", daemon=True)
@@ -158,5 +180,10 @@ class CpuMeter:
         """:func:`harness_cpu` over the sampled window with ``requests`` load requests."""
         with self._lock:
             load = 0.0 if self._l0 is None or self._l1 is None else self._l1 - self._l0
+            threads: dict[str, float] = {}
+            for tid, cpu in self._th1.items():   # threads seen alive at a sample (ended ones are lost)
+                name = self._names.get(tid, "other")
+                name = name.split("(")[0].rstrip("-0123456789 ") or name   # Thread-12 (run) -> Thread
+                threads[name] = threads.get(name, 0.0) + max(0.0, cpu - self._th0.get(tid, 0.0))
             return harness_cpu(max(0.0, load), max(0.0, self._c1 - self._c0),
-                               max(0.0, self._t1 - self._t0), requests)
+                               max(0.0, self._t1 - self._t0), requests, threads)
