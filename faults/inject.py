@@ -31,7 +31,7 @@ from harness.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-_RESERVED = frozenset({"t", "source", "event", "fault_id", "kind", "target", "recovery_from"})
+_RESERVED = frozenset({"t", "source", "event", "fault_id", "kind", "target", "recovery_from", "acting_at"})
 
 
 @dataclass
@@ -136,6 +136,7 @@ class FaultInjector:
         # Only this fault waits while it acts (a hog may take a minute to fill memory);
         # other faults inject and clear meanwhile.
         with handle.lock:
+            acting_at = now()   # the instant the fault starts to act (a kill's signal follows within ms)
             try:
                 facts = fault.inject(self.ctx) or {}
             except BaseException as exc:  # noqa: BLE001 - recorded, cleared, re-raised
@@ -153,7 +154,7 @@ class FaultInjector:
             handle.facts, handle.injected_at = facts, entry["t"]
             extra = {k: v for k, v in facts.items() if k not in _RESERVED}
             tl.emit("fault", "fault_injected", t=entry["t"], fault_id=fault_id, kind=kind, target=target,
-                    recovery_from=fault.recovery_from, **extra)
+                    recovery_from=fault.recovery_from, acting_at=acting_at, **extra)
             return handle
 
     def prepare(self, faults: list[Fault]) -> None:

@@ -78,13 +78,14 @@ def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True, 
 
 @app.command()
 def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
-        out_dir: Path = typer.Option(Path("results/latest"), "--out", help="Directory for journal.json, report.json, records, logs.")) -> None:
+        out_dir: Path = typer.Option(Path("results/latest"), "--out", help="Directory for journal.json, report.json, records, logs."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr (it is plain and sparse anyway when stderr is not a terminal or CI=true).")) -> None:
     """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
     if not logging.getLogger().isEnabledFor(logging.INFO):
         logging.getLogger("harness").setLevel(logging.INFO)
         logging.getLogger("faults").setLevel(logging.INFO)
     try:
-        code, report = run_experiment(file, out_dir)
+        code, report = run_experiment(file, out_dir, progress=not no_progress)
     except SpecchaosError as exc:
         _fail(exc)
         return

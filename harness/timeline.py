@@ -93,7 +93,9 @@ _SERVER_EVENTS = ("server_started", "server_ready", "server_exited", "server_res
 
 def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per ``fault_injected`` event, in time order: ``{"fault_id", "kind",
-    "target", "injected_at", "cleared_at", "acted", "evidence", "recovery_from"}``. ``acted``
+    "target", "acting_at", "injected_at", "cleared_at", "acted", "evidence", "recovery_from"}``.
+    ``acting_at`` is when the fault began to act (the injector's clock before the fault's
+    ``inject``; a timeline without it: ``injected_at``, which is when the act was recorded). ``acted``
     comes from the last ``fault_evidence`` event of that fault (False when there is none);
     ``recovery_from`` (``"injected"`` or ``"cleared"``) from the injection event (a timeline
     without it: ``"injected"``)."""
@@ -105,7 +107,7 @@ def fault_summary(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ev, fid = e.get("event"), e.get("fault_id")
         if ev == "fault_injected":
             entry = {"fault_id": fid, "kind": e.get("kind"), "target": e.get("target"),
-                     "injected_at": e["t"], "cleared_at": None, "acted": False, "evidence": None,
+                     "acting_at": e.get("acting_at", e["t"]), "injected_at": e["t"], "cleared_at": None, "acted": False, "evidence": None,
                      "recovery_from": e.get("recovery_from") or "injected"}
             faults.append(entry)
             by_id[fid] = entry

@@ -28,8 +28,11 @@ class CheckResult:
         category: ``"slo"``, ``"degradation"``, ``"integrity"``, ``"recovery"``,
             ``"fail_fast"``, ``"liveness"``, ``"hang"``, ``"orphans"``, ``"coverage"``, ``"steady_state"``, ``"speculation"``, ``"memory"`` or
             ``"fault"``.
-        passed: the verdict. A check with nothing to judge (e.g. no requests in a phase)
-            fails; it never passes vacuously.
+        passed: the verdict: True, False, or None when the check was **not judged** (its
+            data is too thin to judge fairly, e.g. a p95 resting on fewer requests than
+            ``metrics.min_samples``): neither passed nor failed, shown in the report with
+            the reason in ``detail`` and left out of the verdict. A check with nothing at
+            all to judge (e.g. no request in a phase) fails; it never passes vacuously.
         observed: the measured value (seconds for ``*_s`` names), or None if unmeasurable.
         limit: the limit it was held to, or None.
         detail: one human sentence (e.g. the first divergence of a mismatched output).
@@ -37,13 +40,30 @@ class CheckResult:
 
     name: str
     category: str
-    passed: bool
+    passed: bool | None
     observed: Number | str | None
     limit: Number | str | None
     detail: str = ""
 
+    @property
+    def judged(self) -> bool:
+        """False for a check that was not judged (``passed`` is None)."""
+        return self.passed is not None
+
+    @property
+    def failed(self) -> bool:
+        """True only for a judged check that did not pass."""
+        return self.passed is False
+
+    @classmethod
+    def not_judged(cls, name: str, category: str, observed: Number | str | None, limit: Number | str | None,
+                   reason: str) -> "CheckResult":
+        """A check that was not judged, with the reason (``detail`` starts with ``"not judged: "``)."""
+        return cls(name, category, None, observed, limit, f"not judged: {reason}")
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The check as JSON: its fields plus ``judged`` (False when ``passed`` is None)."""
+        return {**asdict(self), "judged": self.judged}
 
 
 @dataclass

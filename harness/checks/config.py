@@ -8,15 +8,15 @@ experiment configuration (:class:`harness.experiment.config.SpecchaosConfig`) sa
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from harness.metrics.config import GoodputConfig
+from harness.metrics.config import GoodputConfig, MetricsConfig
 
 __all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
            "HangConfig", "ClientAbortConfig", "MirrorConfig", "CheckLimits", "AcceptanceFloorConfig", "SpeculationConfig",
-           "ServerMemoryConfig", "FallbackConfig"]
+           "ServerMemoryConfig", "FallbackConfig", "SafeguardConfig", "SAFEGUARD_METRICS", "METHOD_PHASES"]
 
 
 class _Strict(BaseModel):
@@ -51,13 +51,19 @@ class DegradationConfig(_Strict):
     #: not judged (graceful degradation, e.g. under network jitter).
     fault_vs_baseline_max_ratio: float | None = Field(None, gt=0)
     min_requests_per_phase: int = Field(3, ge=1)
+    #: Most seconds the speculative server may be unavailable — refusing or failing every
+    #: request (:mod:`harness.metrics.availability`) — from the fault phase's start to the
+    #: end of the load; None (default) = reported, not judged.
+    max_unavailable_s: float | None = Field(None, gt=0)
 
 
 class RecoveryConfig(_Strict):
     """Limits on time to recover (seconds, measured from the fault or process death), and
     what "back within SLO" means: a rolling window of ``slo_window_s`` whose p95 TTFT and
     p95 E2E are at most ``baseline_p95_factor`` × the baseline's p95 (a factor, not a
-    tolerance in seconds; ``slo_tolerance`` is accepted as its former name)."""
+    tolerance in seconds; ``slo_tolerance`` is accepted as its former name). The dense
+    probes (``dense_*``) resolve the recovery instants to ≤ 100 ms
+    (``report.json``'s ``recovery.resolution_s``)."""
 
     time_to_healthy_s: float = Field(120.0, gt=0)
     time_to_first_success_s: float = Field(150.0, gt=0)
@@ -65,6 +71,13 @@ class RecoveryConfig(_Strict):
     slo_window_s: float = Field(5.0, gt=0)
     baseline_p95_factor: float = Field(2.0, gt=0, validation_alias=AliasChoices("baseline_p95_factor", "slo_tolerance"))
     health_interval_s: float = Field(0.25, gt=0)
+    #: Dense probes around the recovery (:class:`harness.metrics.health.RecoveryProber`):
+    #: ``/health`` every ``dense_health_interval_s`` and a one-token generation every
+    #: ``dense_generation_interval_s`` (seconds), from the kill (a fault whose damage is done
+    #: when it acts) or the fault's clear, until both succeeded after the clear.
+    dense_probes: bool = True
+    dense_health_interval_s: float = Field(0.025, gt=0)
+    dense_generation_interval_s: float = Field(0.05, gt=0)
 
 
 class FailFastConfig(_Strict):
@@ -181,6 +194,63 @@ class CheckLimits(Protocol):
     speculation: SpeculationConfig
     server_memory: ServerMemoryConfig
     fallback: FallbackConfig
+    metrics: MetricsConfig
+    safeguards: list["SafeguardConfig"]
+
+
+#: The metrics a safeguard can watch (:mod:`harness.checks.safeguards`).
+SAFEGUARD_METRICS = ("error_rate", "ttft_p95_s", "e2e_p95_s")
+#: The phases of the method, the only ones a safeguard watches (it is armed from the
+#: method's start to its end; the baseline runs before the method).
+METHOD_PHASES = ("fault", "recovery", "after")
+
+
+class SafeguardConfig(_Strict):
+    """One continuous safeguard (:mod:`harness.checks.safeguards`): a hard limit checked
+    *during* the method that aborts the experiment when breached (rollbacks still run, the
+    verdict is ``aborted``), as Chaos Toolkit's safeguards control does with its probes.
+
+    Breached when ``metric`` over a sliding window of the last ``window_s`` seconds stays
+    above ``limit`` for ``for_s`` seconds without a break, in the phases listed in
+    ``phases``. A window holds the load requests that *ended* in it (each try counts once);
+    with fewer than ``min_requests`` of them (for a latency metric: fewer with a value) the
+    window is not judged and an over-limit stretch is broken.
+
+    * ``error_rate``: failed ÷ ended requests (failed = not complete, as
+      :func:`harness.load.records.is_complete`), a fraction in [0, 1];
+    * ``ttft_p95_s``: p95 TTFT of the window's requests that received output, seconds;
+    * ``e2e_p95_s``: p95 E2E of the window's complete requests, seconds.
+
+    ``name`` (default: the metric) names the check ``safeguards.<name>``.
+    """
+
+    name: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    metric: Literal["error_rate", "ttft_p95_s", "e2e_p95_s"]
+    limit: float = Field(..., ge=0, allow_inf_nan=False)
+    window_s: float = Field(5.0, gt=0, allow_inf_nan=False)
+    for_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    min_requests: int = Field(3, ge=1)
+    phases: list[Literal["fault", "recovery", "after"]] = Field(
+        default_factory=lambda: list(METHOD_PHASES), min_length=1)
+
+    @field_validator("limit")
+    @classmethod
+    def _rate_is_a_fraction(cls, v: float, info: Any) -> float:
+        if info.data.get("metric") == "error_rate" and v > 1:
+            raise ValueError(f"an error_rate limit is a fraction in [0, 1], got {v:g}")
+        return v
+
+    @field_validator("phases")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"a phase is listed twice: {v}")
+        return v
+
+    @property
+    def label(self) -> str:
+        """The safeguard's name: ``name``, or its metric."""
+        return self.name or self.metric
 
 
 #: A rate: a fraction in [0, 1].

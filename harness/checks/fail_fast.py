@@ -90,11 +90,14 @@ def fail_fast_checks(records: Iterable[RequestRecord], fault_time: float, ff: Fa
 
 
 def judged_at(run: RecordedRun) -> float | None:
-    """The instant (epoch s) fail-fast is judged at: the first fault whose damage is done
-    when it acts (``recovery_from == "injected"``: a killed process) — with several
-    faults, e.g. a worker killed during a memory hog, the requests that matter are those
-    in flight at the kill — else the first fault's injection; None without a fault."""
-    return next((f["injected_at"] for f in run.faults if f.get("recovery_from") == "injected"), run.fault_time)
+    """The instant (epoch s) fail-fast is judged at: when the first fault whose damage is
+    done when it acts (``recovery_from == "injected"``: a killed process) began to act
+    (``acting_at``: just before the signal; a fast server fails the requests it held within
+    milliseconds, before the injection is even recorded) — with several faults, e.g. a
+    worker killed during a memory hog, the requests that matter are those in flight at the
+    kill — else the first fault's injection; None without a fault."""
+    return next((f.get("acting_at") or f["injected_at"] for f in run.faults if f.get("recovery_from") == "injected"),
+                run.fault_time)
 
 
 def check(run: RecordedRun) -> list[CheckResult]:

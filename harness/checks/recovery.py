@@ -9,11 +9,23 @@ injection for a fault whose damage is done when it acts, such as a process kill
   sample, or a ``server_exited`` event) after the fault. A server never seen down counts
   healthy at its first 200 after the fault. Health alone can lie (a frozen engine keeps
   answering 200), hence the two criteria below judged by real generation.
-* **time_to_first_success_s** — the earliest end of a *complete* load request sent after
-  the fault.
+* **time_to_first_success_s** — the earliest end of a *complete* generation sent after
+  the fault: a load request, or one of the dense recovery probes' one-token generations
+  (``generation_probe`` events with ``ok``, :class:`harness.metrics.health.RecoveryProber`).
 * **time_to_slo_s** — the end of the first rolling window of ``rc.slo_window_s`` after the
   fault (stepping by request completion) with ≥ 3 requests, no errors, and p95 TTFT and
   p95 E2E within ``baseline p95 × rc.baseline_p95_factor``.
+
+**Resolution** (:func:`resolution`): how precisely the first two instants are known. The
+transition lies between the last observation of the server down (a non-200 health sample;
+a failed attempt) and the first success; inside that span, an instant is *watched* while
+some probe or request is in flight (sent, not yet answered: a request waiting in a
+listening server's backlog watches until it is answered). The resolution is the longest
+unwatched stretch there — for health from the last down sample to the first 200, for the
+first success from the end of the last failed attempt to the end of the first complete
+one. ``report.json``'s ``recovery.resolution_s`` is the larger of the two; the dense
+probes (25 ms health, 50 ms generation) keep it ≤ 100 ms. The SLO window's end steps by
+request completion and is not part of it.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, percentiles, ttft_s
 
 __all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
-           "check", "section"]
+           "attempts", "resolution", "check", "section"]
 
 MIN_WINDOW_REQUESTS = 3
 _CRITERIA = {
@@ -40,6 +52,15 @@ _CRITERIA = {
 def time_to_healthy(events: Iterable[dict[str, Any]], fault_time: float, server: str = "spec") -> float | None:
     """Epoch seconds of the first ``health`` 200 of ``server`` after it was seen down after
     ``fault_time`` (or its first 200 after ``fault_time`` if never seen down); None if never.
+    See :func:`_healthy_transition`.
+    """
+    return _healthy_transition(events, fault_time, server)[0]
+
+
+def _healthy_transition(events: Iterable[dict[str, Any]], fault_time: float,
+                        server: str = "spec") -> tuple[float | None, float | None]:
+    """``(first 200 after down, last down observation before it)`` in epoch seconds (the
+    second None when the server was never seen down).
 
     Down = a ``health`` event with ``status`` other than 200 (None included), or an
     unexpected ``server_exited`` event of that server (``expected`` not true: the
@@ -50,6 +71,7 @@ def time_to_healthy(events: Iterable[dict[str, Any]], fault_time: float, server:
     stops = [e["t"] for e in evs if e.get("event") == "load_stopped"]
     stop = stops[-1] if stops else float("inf")
     down_since: float | None = None
+    last_down: float | None = None
     first_ok: float | None = None
     for e in evs:
         if e["t"] <= fault_time or e["t"] > stop or e.get("server") != server:
@@ -58,12 +80,13 @@ def time_to_healthy(events: Iterable[dict[str, Any]], fault_time: float, server:
         if (ev == "server_exited" and not e.get("expected")) or (ev == "health" and e.get("status") != 200):
             if down_since is None:
                 down_since = e["t"]
+            last_down = e["t"]
         elif ev == "health" and e.get("status") == 200:
             if down_since is not None:
-                return float(e["t"])
+                return float(e["t"]), float(last_down)
             if first_ok is None:
                 first_ok = float(e["t"])
-    return None if down_since is not None else first_ok
+    return (None, None) if down_since is not None else (first_ok, None)
 
 
 def _window_ok(window: list[RequestRecord], baseline: dict, rc: RecoveryConfig) -> bool:
@@ -143,9 +166,10 @@ def recovery_times(
         ``{"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s"}``, each
         seconds or None if never reached.
     """
+    events = list(events)
     records = list(records)
     healthy = time_to_healthy(events, fault_time, server)
-    ends = [r.end_time for r in records if r.send_time > fault_time and r.end_time is not None and is_complete(r)[0]]
+    ends = [end for send, end, ok in attempts(records, events, fault_time, server) if ok]
     first_ok = min(ends) if ends else None
     slo_end = first_slo_window_end(records, fault_time, baseline, rc)
     return {
@@ -153,6 +177,63 @@ def recovery_times(
         "time_to_first_success_s": None if first_ok is None else first_ok - fault_time,
         "time_to_slo_s": None if slo_end is None else slo_end - fault_time,
     }
+
+
+def attempts(records: Iterable[RequestRecord], events: Iterable[dict[str, Any]], fault_time: float,
+             server: str = "spec") -> list[tuple[float, float, bool]]:
+    """Every generation attempt sent after ``fault_time`` that ended: ``(send, end, complete)``
+    in epoch seconds, end order — the load requests and the dense probes' generations
+    (``generation_probe`` events of ``server``)."""
+    out = [(r.send_time, r.end_time, is_complete(r)[0]) for r in records
+           if r.send_time > fault_time and r.end_time is not None]
+    out += [(float(e["send_time"]), float(e["t"]), bool(e.get("ok"))) for e in events
+            if e.get("event") == "generation_probe" and e.get("server") == server
+            and e.get("send_time") is not None and e["send_time"] > fault_time]
+    return sorted(out, key=lambda a: a[1])
+
+
+def _longest_unwatched(lo: float, hi: float, watched: Iterable[tuple[float, float]]) -> float:
+    """Longest stretch of ``(lo, hi)`` covered by none of the ``(start, end)`` intervals."""
+    gap, cur = 0.0, lo
+    for a, b in sorted(watched):
+        if b <= cur:
+            continue
+        if a >= hi:
+            break
+        if a > cur:
+            gap = max(gap, a - cur)
+        cur = max(cur, b)
+        if cur >= hi:
+            break
+    return max(gap, hi - cur)
+
+
+def resolution(records: Iterable[RequestRecord], events: Iterable[dict[str, Any]], fault_time: float,
+               server: str = "spec") -> dict[str, float | None]:
+    """How precisely the recovery instants are known (see module doc), seconds:
+    ``{"time_to_healthy_s", "time_to_first_success_s", "resolution_s"}`` — the longest
+    unwatched stretch before the first health 200 after down, the same before the first
+    complete generation, and the larger of the two. None where there is no transition to
+    resolve (never down, never back, or no failed attempt before the first success).
+
+    A health sample is in flight from ``t − latency_s`` to ``t``; a generation attempt from
+    its send to its end (:func:`attempts`)."""
+    events = list(events)
+    healthy, last_down = _healthy_transition(events, fault_time, server)
+    h = None
+    if healthy is not None and last_down is not None:
+        samples = [(e["t"] - float(e.get("latency_s") or 0.0), e["t"]) for e in events
+                   if e.get("event") == "health" and e.get("server") == server and last_down <= e["t"]]
+        h = _longest_unwatched(last_down, healthy, samples)
+    tries = attempts(records, events, fault_time, server)
+    first = next((a for a in tries if a[2]), None)
+    g = None
+    if first is not None:
+        fails = [end for send, end, ok in tries if not ok and end <= first[1]]
+        if fails:
+            g = _longest_unwatched(max(fails), first[1], [(send, end) for send, end, _ in tries])
+    known = [v for v in (h, g) if v is not None]
+    return {"time_to_healthy_s": h, "time_to_first_success_s": g, "resolution_s": max(known) if known else None}
 
 
 def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig) -> list[CheckResult]:
@@ -187,7 +268,13 @@ def check(run: RecordedRun) -> list[CheckResult]:
 
 
 def section(run: RecordedRun) -> dict[str, Any]:
-    """``report.json``'s ``recovery``: the three times (seconds or None) and
+    """``report.json``'s ``recovery``: the three times (seconds or None),
     ``measured_from`` (epoch s: the fault's clear, or its injection for a kill; None
-    without a fault)."""
-    return {**_times(run), "measured_from": run.recovery_time}
+    without a fault), ``resolution_s`` (seconds: how precisely the first two are known, see
+    :func:`resolution`; None when there was nothing to resolve) and ``resolution`` (per
+    criterion)."""
+    t = run.recovery_time
+    res = {"time_to_healthy_s": None, "time_to_first_success_s": None, "resolution_s": None} if t is None \
+        else resolution(run.records, run.events, t)
+    overall = res.pop("resolution_s")
+    return {**_times(run), "measured_from": t, "resolution_s": overall, "resolution": res}

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.checks import (acceptance_floor, breaker, client_abort, fail_fast, fault, gpu, hang, integrity, liveness,
-                            mirror, orphans, recovery, server_memory, slo, speculation, steady_state)
+from harness.checks import (acceptance_floor, availability, breaker, client_abort, fail_fast, fault, gpu, hang, integrity,
+                            liveness, mirror, orphans, recovery, safeguards, server_memory, slo, speculation,
+                            steady_state)
 from harness.checks.base import Check, RecordedRun
 
 __all__ = ["CheckFamily", "CHECKS", "RESERVED_NAMES", "register_check", "unregister_check"]
@@ -34,6 +35,7 @@ class CheckFamily:
 CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("fault", fault.check),
     CheckFamily("slo", slo.check),
+    CheckFamily("availability", availability.check, availability.section),
     CheckFamily("integrity", integrity.check, integrity.section),
     CheckFamily("recovery", recovery.check, recovery.section),
     CheckFamily("fail_fast", fail_fast.check, fail_fast.section),
@@ -48,6 +50,7 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("speculation", speculation.check, speculation.section),
     CheckFamily("server_memory", server_memory.check, server_memory.section),
     CheckFamily("breaker", breaker.check, breaker.section),
+    CheckFamily("safeguards", safeguards.check, safeguards.section),
 )}
 
 

@@ -35,7 +35,8 @@ def load_reference(records: list[RequestRecord]) -> dict[int, RequestRecord]:
 def recorded_run(records: list[RequestRecord], reference: list[RequestRecord], events: list[dict[str, Any]],
                  limits: CheckLimits, journal: dict | None = None, run_dir: Path | None = None) -> RecordedRun:
     """A :class:`RecordedRun` from data in memory: phases from the timeline's
-    ``phase_start`` events, per-phase metrics with the goodput limits of ``limits.slo``.
+    ``phase_start`` events, per-phase metrics with the goodput limits of ``limits.slo``
+    and the ``limits.metrics`` settings (``min_samples``, ITL-per-token grouping).
 
     Args:
         records: request records; only load records are kept: those of the speculative
@@ -50,7 +51,7 @@ def recorded_run(records: list[RequestRecord], reference: list[RequestRecord], e
     events = sorted(events, key=lambda e: e["t"])
     windows = phase_windows(events)
     members = assign_phases(load, windows)
-    phases = {ph: phase_metrics(load, t0, t1, limits.slo.goodput, members=members[ph])
+    phases = {ph: phase_metrics(load, t0, t1, limits.slo.goodput, members=members[ph], metrics=limits.metrics)
               for ph, (t0, t1) in windows.items()}
     return RecordedRun(records=load, reference=load_reference(reference), events=events, limits=limits,
                        windows=windows, members=members, phases=phases, faults=fault_summary(events),

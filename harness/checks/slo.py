@@ -14,8 +14,12 @@
 * ``coverage.<phase>.requests`` — every phase has at least ``min_requests_per_phase``.
 
 A missing phase or a metric without data fails with ``observed=None``: nothing is ever
-passed vacuously. The steady-state probe ``within_slo`` judges the current phase with
-:func:`phase_slo_checks`, the same rules.
+passed vacuously. A latency check whose phase has complete requests, but fewer than
+``metrics.min_samples`` (``min_samples`` here), is **not judged** (``passed`` None, the
+reason in the detail): a p95 over one or two requests says nothing about the p95; the
+same for a ratio when either phase is that thin. Error rates and coverage are always
+judged (on logical requests, :mod:`harness.metrics.availability`). The steady-state probe
+``within_slo`` judges the current phase with :func:`phase_slo_checks`, the same rules.
 """
 
 from __future__ import annotations
@@ -40,6 +44,22 @@ def _p95(phase: dict[str, Any] | None, key: str) -> float | None:
     return (phase.get(key) or {}).get("p95")
 
 
+def _thin(m: dict[str, Any] | None, min_samples: int) -> int | None:
+    """The complete requests a phase's latency figures rest on when that is fewer than
+    ``min_samples`` but not none; None otherwise (enough, none at all, or no phase)."""
+    if not m or m.get("complete") is None:
+        return None
+    k = int(m["complete"])
+    return k if 0 < k < min_samples else None
+
+
+def _not_judged(name: str, category: str, observed: float | None, limit: float, what: str, phase: str, k: int,
+                min_samples: int) -> CheckResult:
+    return CheckResult.not_judged(name, category, observed, limit,
+                                  f"{what} rests on {k} complete request{'s' if k != 1 else ''} in phase {phase!r} "
+                                  f"(< metrics.min_samples {min_samples})")
+
+
 def _le(name: str, category: str, observed: float | None, limit: float, what: str, missing: str) -> CheckResult:
     if observed is None:
         return CheckResult(name, category, False, None, limit, f"{what}: {missing}")
@@ -47,7 +67,7 @@ def _le(name: str, category: str, observed: float | None, limit: float, what: st
     return CheckResult(name, category, ok, observed, limit, f"{what} {observed:.4g} {'≤' if ok else '>'} {limit:g}")
 
 
-def phase_slo_checks(phase: str, m: dict[str, Any] | None, slo: SloConfig) -> list[CheckResult]:
+def phase_slo_checks(phase: str, m: dict[str, Any] | None, slo: SloConfig, min_samples: int = 1) -> list[CheckResult]:
     """The SLO checks of one phase: p95 of each latency metric whose limit is set, and
     the error rate.
 
@@ -55,15 +75,22 @@ def phase_slo_checks(phase: str, m: dict[str, Any] | None, slo: SloConfig) -> li
         phase: the phase's name (used in check names, e.g. ``slo.after.ttft_p95_s``).
         m: the phase's metrics, None if the phase never ran.
         slo: the limits (seconds, p95; error rate as a fraction).
+        min_samples: latency checks of a phase with fewer complete requests (but at least
+            one) are not judged (``metrics.min_samples``; default 1: always judged).
     """
     out = []
     missing = f"phase {phase!r} never ran" if m is None else "no complete request to measure"
+    thin = _thin(m, min_samples)
     for short, key, limit_key in _SLO_METRICS:
         limit = getattr(slo, limit_key)
         if limit is None:
             continue
         label = "ITL per token" if short == "itl_per_token" else short.upper()
-        out.append(_le(f"slo.{phase}.{short}_p95_s", "slo", _p95(m, key), limit, f"{phase} p95 {label} (s)", missing))
+        name, what = f"slo.{phase}.{short}_p95_s", f"{phase} p95 {label} (s)"
+        if thin is not None:
+            out.append(_not_judged(name, "slo", _p95(m, key), limit, what, phase, thin, min_samples))
+            continue
+        out.append(_le(name, "slo", _p95(m, key), limit, what, missing))
     er = None if m is None else m.get("error_rate")
     out.append(_le(f"slo.{phase}.error_rate", "slo", er, slo.error_rate, f"{phase} error rate",
                    missing if m is None else "no request sent"))
@@ -80,13 +107,16 @@ def coverage_check(phase: str, m: dict[str, Any] | None, need: int) -> CheckResu
                        f"{n} requests sent in phase {phase!r} ({'≥' if ok else '<'} {need} needed)")
 
 
-def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) -> list[CheckResult]:
+def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
+               min_samples: int = 1) -> list[CheckResult]:
     """SLO, degradation and coverage checks.
 
     Args:
         phases: ``{phase: phase_metrics(...)}``; phases that never started are absent.
         slo: per-request SLOs (p95, seconds) and the allowed error rate.
         deg: degradation limits.
+        min_samples: ``metrics.min_samples``: latency checks (and ratios) of a phase with
+            fewer complete requests, but at least one, are not judged.
 
     Returns:
         Checks in a stable order: SLO for baseline then after, fault error rate,
@@ -95,7 +125,7 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
     """
     out: list[CheckResult] = []
     for ph in ("baseline", "after"):
-        out += phase_slo_checks(ph, phases.get(ph), slo)
+        out += phase_slo_checks(ph, phases.get(ph), slo, min_samples)
 
     if deg.fault_max_error_rate is not None:
         m = phases.get("fault")
@@ -106,22 +136,30 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig) 
         )
 
     base = phases.get("baseline")
-    out += _ratio_checks("after", base, phases.get("after"), deg.after_vs_baseline_max_ratio)
+    out += _ratio_checks("after", base, phases.get("after"), deg.after_vs_baseline_max_ratio, min_samples)
     if deg.fault_vs_baseline_max_ratio is not None:
-        out += _ratio_checks("fault", base, phases.get("fault"), deg.fault_vs_baseline_max_ratio)
+        out += _ratio_checks("fault", base, phases.get("fault"), deg.fault_vs_baseline_max_ratio, min_samples)
 
     out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES]
     return out
 
 
-def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: float) -> list[CheckResult]:
+def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: float,
+                  min_samples: int = 1) -> list[CheckResult]:
     """``degradation.<phase>_vs_baseline.<metric>_p95_ratio`` for TTFT, TPOT and E2E: the
-    phase's p95 ÷ the baseline's, at most ``limit``."""
+    phase's p95 ÷ the baseline's, at most ``limit``; not judged when either phase's
+    figures rest on fewer than ``min_samples`` complete requests (but at least one)."""
     out = []
+    thin = [(p, k) for p, k in (("baseline", _thin(base, min_samples)), (phase, _thin(other, min_samples)))
+            if k is not None]
     for short, key in _RATIO_METRICS:
         name = f"degradation.{phase}_vs_baseline.{short}_p95_ratio"
         b, a = _p95(base, key), _p95(other, key)
         what = f"{phase}/baseline p95 {short.upper()}"
+        if thin:
+            ratio = a / b if a is not None and b else None
+            out.append(_not_judged(name, "degradation", ratio, limit, what, thin[0][0], thin[0][1], min_samples))
+            continue
         if b is None or a is None:
             gone = [p for p, v in (("baseline", b), (phase, a)) if v is None]
             out.append(CheckResult(name, "degradation", False, None, limit, f"{what}: no data in {' and '.join(gone)}"))
@@ -139,5 +177,6 @@ def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: floa
 
 
 def check(run: RecordedRun) -> list[CheckResult]:
-    """The SLO, degradation and coverage checks of a recorded run."""
-    return slo_checks(run.phases, run.limits.slo, run.limits.degradation)
+    """The SLO, degradation and coverage checks of a recorded run (``metrics.min_samples``
+    of its configuration decides which latency checks are judged)."""
+    return slo_checks(run.phases, run.limits.slo, run.limits.degradation, run.limits.metrics.min_samples)

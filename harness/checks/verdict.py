@@ -8,22 +8,35 @@ from harness.checks.base import CheckResult
 
 __all__ = ["Verdict", "verdict"]
 
-Verdict = Literal["pass", "fail", "error"]
+Verdict = Literal["pass", "fail", "error", "aborted"]
 
 
-def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[str], interrupted: bool = False) -> Verdict:
-    """``"error"``, ``"fail"`` or ``"pass"``.
+def verdict(checks: Iterable[CheckResult], *, fault_acted: bool, errors: list[str], interrupted: bool = False,
+            aborted: bool = False) -> Verdict:
+    """``"error"``, ``"aborted"``, ``"fail"`` or ``"pass"``.
 
     * ``"error"``: the experiment itself did not run as declared — any run error, an
       interruption, or a fault without evidence that it acted (a fault that did not
-      happen proves nothing: it is an error, never a pass), or no check at all (nothing
-      was judged);
-    * ``"fail"``: it ran, and at least one check failed;
-    * ``"pass"``: it ran and every check passed.
+      happen proves nothing: it is an error, never a pass), or no judged check at all
+      (nothing was judged);
+    * ``"aborted"``: a continuous safeguard (:mod:`harness.checks.safeguards`) was breached
+      during the method and stopped it (rollbacks ran): the system under test crossed a
+      hard limit, a finding like a failed check (exit 1), named apart because the method
+      did not run to its end. A fault whose evidence the abort cut short is no error here;
+      the judge leaves it out of ``errors``;
+    * ``"fail"``: it ran, and at least one judged check failed;
+    * ``"pass"``: it ran and every judged check passed.
+
+    Checks that were not judged (``passed`` None, e.g. a p95 on too few requests) count
+    neither way; the report lists them with their reason.
     """
-    checks = list(checks)
-    if errors or interrupted or not fault_acted or not checks:
+    judged = [c for c in checks if c.judged]
+    if errors or interrupted or not judged:
         return "error"
-    if any(not c.passed for c in checks):
+    if aborted:
+        return "aborted"
+    if not fault_acted:
+        return "error"
+    if any(c.failed for c in judged):
         return "fail"
     return "pass"

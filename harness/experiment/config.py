@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
                                    FallbackConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
-                                   RecoveryConfig, ServerMemoryConfig, SloConfig, SpeculationConfig)
-from harness.metrics.config import ScrapeConfig
+                                   RecoveryConfig, SafeguardConfig, ServerMemoryConfig, SloConfig,
+                                   SpeculationConfig)
+from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
 from harness.load.config import LoadConfig
 from harness.stack.config import StackConfig
@@ -59,9 +60,19 @@ class SpecchaosConfig(BaseModel):
     mirror: MirrorConfig = Field(default_factory=MirrorConfig)
     acceptance_floor: AcceptanceFloorConfig = Field(default_factory=AcceptanceFloorConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    safeguards: list[SafeguardConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _safeguard_names(self) -> "SpecchaosConfig":
+        names = [sg.label for sg in self.safeguards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"safeguards: two safeguards are named {dup[0]!r}: give each its own name")
+        return self
 
     @model_validator(mode="after")
     def _integrity_needs_reference(self) -> "SpecchaosConfig":
@@ -74,11 +85,13 @@ class SpecchaosConfig(BaseModel):
     def _mirror_and_buckets(self) -> "SpecchaosConfig":
         if self.load.mirror and not self.stack.reference:
             raise ValueError("load.mirror needs the reference server: set stack.reference: true (or load.mirror: false)")
-        longest = self.load.longest_prompt_tokens()
-        if longest + self.load.max_tokens > self.stack.max_model_len:
-            raise ValueError(f"load.buckets: the longest prompts ({longest} tokens) plus load.max_tokens "
-                             f"({self.load.max_tokens}) exceed stack.max_model_len ({self.stack.max_model_len}): "
-                             f"shorten the bucket or raise stack.max_model_len")
+        name, longest, out = self.load.longest_request_tokens()
+        if longest + out > self.stack.max_model_len:
+            own = self.load.buckets is not None and any(b.name == name and b.max_tokens for b in self.load.buckets)
+            what = f"its max_tokens ({out})" if own else f"load.max_tokens ({out})"
+            raise ValueError(f"load.buckets: the longest prompts ({longest} tokens) plus {what} exceed "
+                             f"stack.max_model_len ({self.stack.max_model_len}) in bucket {name}: shorten the "
+                             f"bucket or raise stack.max_model_len")
         return self
 
 

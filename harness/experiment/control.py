@@ -8,6 +8,9 @@ module: harness.experiment.control}}]``). Chaos Toolkit then calls:
 * ``before_experiment_control``: starts the stack, reference, load, warm-up and the
   baseline phase, so the steady-state hypothesis *before* the method judges a real
   baseline. Any failure interrupts the experiment (rollbacks still run);
+* ``before_method_control`` / ``after_method_control``: arm and disarm the continuous
+  safeguards (``configuration.specchaos.safeguards``, :mod:`harness.experiment.safeguards`),
+  which abort the method on a breach;
 * ``after_experiment_control``: stops the load, clears every fault, stops the stack,
   and, under plain ``chaos run``, judges the recorded data into ``report.json``
   (``specchaos run`` judges itself once Chaos Toolkit returns the final journal).
@@ -27,6 +30,7 @@ from chaoslib.exceptions import InterruptExecution
 
 from harness.clock import now
 from harness.errors import SpecchaosError
+from harness.experiment import safeguards
 from harness.experiment import session as sess
 from harness.experiment.config import parse_config
 from harness.experiment.validate import fault_activities, method_hold_s
@@ -36,7 +40,8 @@ log = logging.getLogger(__name__)
 #: ``RunInfo.source`` of a session opened by this control (plain ``chaos run``).
 CHAOS_RUN = "chaos run"
 
-__all__ = ["configure_control", "before_experiment_control", "after_experiment_control", "cleanup_control"]
+__all__ = ["configure_control", "before_experiment_control", "before_method_control", "after_method_control",
+           "after_experiment_control", "cleanup_control"]
 
 
 def configure_control(configuration: dict | None = None, experiment: dict | None = None, **_: Any) -> None:
@@ -70,6 +75,20 @@ def before_experiment_control(context: dict, configuration: dict | None = None, 
         raise InterruptExecution(str(exc)) from exc
 
 
+def before_method_control(context: dict, configuration: dict | None = None, **_: Any) -> None:
+    """Arm the continuous safeguards for the method (none configured: nothing runs)."""
+    s = sess.peek()
+    if s is not None and not s.closed:
+        safeguards.arm(s)
+
+
+def after_method_control(context: dict, state: Any = None, configuration: dict | None = None, **_: Any) -> None:
+    """Disarm the safeguards: the method is over (also when a safeguard ended it)."""
+    s = sess.peek()
+    if s is not None:
+        safeguards.disarm(s)
+
+
 def after_experiment_control(context: dict, state: dict | None = None, configuration: dict | None = None,
                              **_: Any) -> None:
     """Tear down and judge. ``state`` is the Chaos Toolkit journal."""
@@ -77,7 +96,8 @@ def after_experiment_control(context: dict, state: dict | None = None, configura
     if s is None:
         return
     with signals_deferred():
-        if state and state.get("status") == "interrupted" and not s.errors:
+        safeguards.disarm(s)
+        if state and state.get("status") == "interrupted" and not s.errors and not s.aborted:
             s.note_interrupt("a signal")
         s.close()
         if s.info.source == CHAOS_RUN:
@@ -122,4 +142,5 @@ def cleanup_control() -> None:
     s = sess.peek()
     if s is not None and not s.closed:
         with signals_deferred():
+            safeguards.disarm(s)
             s.close()

@@ -5,7 +5,8 @@ method (it just skips the method). Here every tolerance miss, before or after th
 method, fails the run (:mod:`harness.checks.steady_state`); any activity that raised,
 an interruption, or a fault without evidence makes it an error:
 
-    exit 0 = pass, 1 = fail, 2 = error (also: bad input, nothing started).
+    exit 0 = pass, 1 = fail or aborted (a safeguard stopped the method),
+    2 = error (also: bad input, nothing started).
 
 Validation (:func:`harness.experiment.validate.load_experiment`) happens before
 anything starts; the verdict is the judge's (:mod:`harness.report.judge`), computed once.
@@ -25,13 +26,16 @@ from chaoslib.experiment import run_experiment
 from harness.errors import SpecchaosError
 from harness.experiment import session as sess
 from harness.experiment.control import signals_deferred
+from harness.experiment.progress import start_progress
 from harness.experiment.validate import load_experiment
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EXIT_CODES", "run", "prepare_out_dir"]
 
-EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
+#: ``aborted``: a continuous safeguard stopped the method (:mod:`harness.experiment.safeguards`):
+#: the system under test crossed a hard limit, a finding like a failed check.
+EXIT_CODES = {"pass": 0, "fail": 1, "aborted": 1, "error": 2}
 
 #: Chaos Toolkit settings of a run: rollbacks always play (they clear every fault, and
 #: clearing is idempotent). The "default" strategy skips them after a failed or
@@ -39,8 +43,9 @@ EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
 RUN_SETTINGS: dict[str, Any] = {"runtime": {"rollbacks": {"strategy": "always"}}}
 
 
-def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | None]:
+def run(path: str | Path, out_dir: str | Path, progress: bool = False) -> tuple[int, dict[str, Any] | None]:
     """Run an experiment file and write ``journal.json`` and ``report.json`` into ``out_dir``.
+    ``progress``: show the run's progress on stderr (:mod:`harness.experiment.progress`).
 
     Returns:
         (exit code, report) — 0 pass, 1 fail, 2 error.
@@ -55,6 +60,7 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
     journal: dict | None = None
+    monitor = start_progress(s) if progress else None
 
     def on_sigint(signum: int, frame: Any) -> None:
         s.note_interrupt("SIGINT")
@@ -65,20 +71,23 @@ def run(path: str | Path, out_dir: str | Path) -> tuple[int, dict[str, Any] | No
         with _quiet_rollback_notice():
             journal = run_experiment(exp.doc, settings=RUN_SETTINGS)
     except (KeyboardInterrupt, SystemExit):
-        s.note_interrupt("a signal")
+        if not s.aborted:   # a safeguard's abort (SIGUSR1) is no interruption
+            s.note_interrupt("a signal")
     except Exception as exc:
         log.exception("the experiment runner failed")
         s.errors.append(f"runner failed: {type(exc).__name__}: {exc}")
     finally:
         if previous_sigint is not None:
             signal.signal(signal.SIGINT, previous_sigint)
+        if monitor is not None:
+            monitor.stop()
         with signals_deferred():
             if journal is not None:
                 (out / "journal.json").write_text(json.dumps(journal, indent=2, default=str))
             s.close()
             report = s.judge(journal=journal)   # the final journal (rollbacks included)
             log.info("verdict: %s (%d checks, %d failed)", report["verdict"], len(report["checks"]),
-                     sum(not c["passed"] for c in report["checks"]))
+                     sum(c["passed"] is False for c in report["checks"]))
     return EXIT_CODES.get(report["verdict"], 2), report
 
 

@@ -10,7 +10,7 @@ The session owns the run directory and orders its resources:
               circuit breaker, subscribed to the scraper (when ``stack.breaker.enabled``) → locust load
               (to ``load_urls["spec"]``, and in mirror mode to ``load_urls["ref"]`` too) → warm-up
               → ``baseline`` phase
-    close():  stop load → stop the breaker → clear every fault → release the load path → stop health
+    close():  stop load → stop the dense recovery probes → stop the breaker → clear every fault → release the load path → stop health
               sampler → stop GPU telemetry → stop metrics scraper → stop stack → forget the run state (idempotent; also run on
               errors and signals)
 
@@ -33,12 +33,14 @@ from faults.base import Fault
 from faults.inject import FaultInjector, InjectionContext
 from faults.ledger import Ledger
 from harness.errors import LoadError, SpecchaosError
+from harness.experiment import recovery_probes
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.load.client import fetch_reference
 from harness.load.locust_process import LocustProcess, exit_reason
+from harness.load.profiles import load_section, read_load_stats
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
-from harness.load.records import write_records
+from harness.load.records import worker_record_files, write_records
 from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
 from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 
 
 #: Files of a run directory that a new run replaces (besides ``logs/*.log``).
-RUN_FILES = ("records.jsonl", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
+RUN_FILES = ("records.jsonl", "load_stats.json", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
              "journal.json", "probes.jsonl", "prompts.json", "config.json", "experiment.json", GPU_FILE,
              METRICS_FILE)
 
@@ -83,6 +85,11 @@ class RunInterrupted(SpecchaosError):
     its fault is cleared, instead of holding it for its whole duration."""
 
 
+class RunAborted(RunInterrupted):
+    """Raised by :meth:`Session.sleep` in any thread once a continuous safeguard aborted
+    the method (its message is the abort's reason, ``aborted by safeguard ...``)."""
+
+
 #: Upper bound of :meth:`Session.await_faults_cleared` (a fault action always ends after
 #: its ``duration_s`` and evidence timeout; this only bounds the loop).
 FAULTS_CLEARED_LIMIT_S = 3600.0
@@ -101,9 +108,14 @@ class Session:
             (self.out_dir / name).unlink(missing_ok=True)
         for old_log in (self.out_dir / "logs").glob("*.log"):
             old_log.unlink(missing_ok=True)
+        for old_worker in worker_record_files(self.out_dir / "records.jsonl"):   # distributed load
+            old_worker.unlink(missing_ok=True)
         self.timeline = Timeline(self.out_dir / "timeline.jsonl")
         self.errors: list[str] = []
         self.interrupted = False
+        #: Set (to the reason) when a continuous safeguard aborted the method
+        #: (:mod:`harness.experiment.safeguards`); every wait then ends, as on a signal.
+        self.aborted: str | None = None
         self.phase: str | None = None
         self.stack: Any = None
         self.load: LocustProcess | None = None
@@ -157,8 +169,10 @@ class Session:
 
         lc = cfg.load
         self.prompts = build_bucketed_prompt_set(target_dir, lc.bucket_specs(), seed=lc.seed,
-                                                 max_tokens=lc.max_tokens)
+                                                 max_tokens=lc.max_tokens, max_tokens_by_bucket=lc.bucket_max_tokens())
         save_prompt_set(self.prompts_path, self.prompts)
+        self.info.meta["load"] = load_section(lc, self.prompts)   # run.json and report.json: profile, retry, digest
+        self.write_meta()
         if "ref" in self.stack.servers:
             ref = self.stack.servers["ref"]
             log.info("fetching reference outputs for %d prompts from the non-speculative server", len(self.prompts))
@@ -189,9 +203,10 @@ class Session:
                                   mirror_url=self.fault_ctx.load_urls["ref"] if mirror else None,
                                   mirror_model=mirror.model if mirror else None)
         self.load.start()
-        self.cpu_meter = CpuMeter(self.load.pid).start() if self.load.pid else None
-        self.timeline.emit("runner", "load_started", users=lc.users, mirror=lc.mirror)
-        log.info("load running: %d users; warm-up %.0f s, baseline %.0f s", lc.users, ph.warmup_s, ph.baseline_s)
+        self.cpu_meter = CpuMeter(self.load.pids).start() if self.load.pids else None
+        self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=lc.mirror, profile=lc.profile.kind)
+        log.info("load running: %s; warm-up %.0f s, baseline %.0f s", lc.profile.kind + " loop", ph.warmup_s,
+                 ph.baseline_s)
         self.sleep(ph.warmup_s)
         self.mark_phase("baseline")
         self.sleep(ph.baseline_s)
@@ -208,6 +223,7 @@ class Session:
             self._faults_active += 1
             if self._faults_active == 1:
                 self.mark_phase("fault")
+                recovery_probes.fault_began(self)
 
     def fault_ended(self) -> None:
         """A fault action cleared its fault: the ``recovery`` phase starts once no fault
@@ -217,6 +233,7 @@ class Session:
             self._faults_active = max(0, self._faults_active - 1)
             if self._faults_active == 0:
                 self.mark_phase("recovery")
+                recovery_probes.faults_cleared(self)
 
     def faults_active(self) -> int:
         """Fault actions between inject and clear right now."""
@@ -247,6 +264,8 @@ class Session:
         while True:
             if self.interrupted:   # any thread: a fault action in the background ends too
                 raise RunInterrupted(self.errors[0] if self.errors else "interrupted")
+            if self.aborted:
+                raise RunAborted(self.aborted)
             left = end - time.monotonic()
             if left <= 0:
                 return
@@ -287,6 +306,7 @@ class Session:
             self.closed = True
             steps = [
                 ("stop load", self.stop_load),
+                ("stop recovery probes", lambda: recovery_probes.stop(self)),
                 ("stop the breaker", self.stop_breaker),
                 ("clear faults", self.injector.clear_all),
                 ("release the load path", self.injector.release_all),
@@ -314,6 +334,9 @@ class Session:
         """Judge the recorded data (see :func:`harness.report.judge.judge_run`) with the
         Chaos Toolkit journal, write ``run.json`` and ``report.json``, return the report."""
         meta = dict(self.info.meta)
+        stats = read_load_stats(self.out_dir / "load_stats.json")
+        if stats is not None and isinstance(meta.get("load"), dict):
+            meta["load"] = dict(meta["load"], open_loop=stats)
         meta.update({
             "experiment": self.info.title,
             "source": self.info.source,

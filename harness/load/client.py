@@ -215,6 +215,8 @@ def stream_completion(
     on_interrupt: Callable[[RequestRecord], None] | None = None,
     server: str = "spec",
     sampling: SamplingClass | None = None,
+    attempt: int = 1,
+    logical_id: str = "",
 ) -> RequestRecord:
     """Send one streaming completion and record the whole exchange.
 
@@ -237,6 +239,8 @@ def stream_completion(
             ``base_url`` is; the record says so, the URL is not inspected).
         sampling: the request's sampling class (default greedy); its name goes into the
             record's ``sampling``.
+        attempt, logical_id: the record's try number (1-based) and the id shared by every
+            try of one logical request under the retry policy (``load.retry``).
 
     Returns:
         The record (see :class:`~harness.load.records.RequestRecord` for every field).
@@ -257,6 +261,8 @@ def stream_completion(
         max_tokens=prompt.max_tokens,
         server=server,
         sampling=(sampling or GREEDY).name,
+        attempt=attempt,
+        logical_id=logical_id,
     )
     body = completion_body(prompt, model, ignore_eos, sampling)
     rec.send_time = clock.now()

@@ -17,15 +17,32 @@ Three workload options shape what a request is:
 * ``mirror``: send the same seeded workload to the speculative and the reference server,
   interleaved (needs ``stack.reference``), so speculative and plain latency are measured
   in the same run.
+
+Two options shape when requests are sent and what a failed one does:
+
+* ``profile`` (:class:`ProfileConfig`): closed loop (N users, the default: ``users``) or
+  open loop (arrivals at ``rate`` requests/s, Poisson or gamma with ``burstiness`` as in
+  ``vllm bench serve --burstiness``), each with an optional linear ``ramp`` and ``steps``.
+  The arithmetic is :mod:`harness.load.profiles`.
+* ``retry`` (:class:`RetryConfig`): the client's retry policy, exponential backoff with
+  jitter as the OpenAI Python SDK by default; each try is its own record (``attempt``,
+  ``logical_id``). The arithmetic is :mod:`harness.load.retry`.
+
+Scale-out: ``workers`` (default 0, one locust process) runs locust's own distributed mode
+instead, one master and ``workers`` worker processes on 127.0.0.1, the users spread over
+the workers; ``max_requests`` still bounds the requests of all workers together.
 """
 
 from __future__ import annotations
 
 import re
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "DEFAULT_BUCKETS", "GREEDY"]
+__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
+           "DEFAULT_BUCKETS", "GREEDY"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _NAME_HINT = "1-32 characters: letters, digits, '_', '.', '-' (it names report rows and checks)"
@@ -41,7 +58,9 @@ class PromptBucket(BaseModel):
     """One prompt-length bucket: ``count`` prompts whose length in tokens (the target's
     tokenizer, special tokens included, as vLLM's ``usage.prompt_tokens``) lies in
     ``[min_prompt_tokens, max_prompt_tokens]``; each prompt draws its own target length
-    uniformly in that range. ``name`` becomes the requests' ``prompt_class``."""
+    uniformly in that range. ``name`` becomes the requests' ``prompt_class``.
+    ``max_tokens`` (optional) is the output length asked for by this bucket's requests
+    (default: ``load.max_tokens``); with ``load.ignore_eos`` it is the output length."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -49,6 +68,7 @@ class PromptBucket(BaseModel):
     min_prompt_tokens: int = Field(ge=8)
     max_prompt_tokens: int = Field(ge=8)
     count: int = Field(ge=0)
+    max_tokens: int | None = Field(None, ge=1)
 
     @field_validator("name")
     @classmethod
@@ -112,11 +132,127 @@ DEFAULT_BUCKETS: dict[str, tuple[int, int, int, int]] = {
 _LEGACY_COUNTS = {"short_prompts": 12, "medium_prompts": 8, "long_prompts": 4}
 
 
+class RampConfig(BaseModel):
+    """A linear ramp at the load's start: from ``from_users`` (closed loop) or
+    ``from_rate`` requests/s (open loop) to the profile's ``users``/``rate`` over
+    ``duration_s`` seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_users: int | None = Field(None, ge=0, le=256)
+    from_rate: float | None = Field(None, ge=0)
+    duration_s: float = Field(gt=0)
+
+
+class StepConfig(BaseModel):
+    """A step of the load: from ``at_s`` seconds after the load started, ``users`` (closed
+    loop) or ``rate`` requests/s (open loop)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at_s: float = Field(ge=0)
+    users: int | None = Field(None, ge=0, le=256)
+    rate: float | None = Field(None, gt=0)
+
+
+class ProfileConfig(BaseModel):
+    """When requests are sent. Times are seconds since the load started (the warm-up
+    starts then too).
+
+    * ``kind: closed`` (default): ``users`` concurrent users (default ``load.users``), each
+      sending its next request when the previous one ended (and ``think_time_s`` passed).
+    * ``kind: open``: arrivals at ``rate`` requests/s from a seeded generator, independent
+      of response times. Inter-arrival gaps are gamma distributed with shape
+      ``burstiness`` and scale ``1 / (rate * burstiness)``: mean ``1 / rate``, coefficient
+      of variation ``1 / sqrt(burstiness)``; ``burstiness: 1`` is a Poisson process. This is
+      ``vllm bench serve --burstiness`` (vllm/benchmarks/serve.py, ``get_request``). At most
+      ``max_in_flight`` requests are in flight; an arrival beyond it is dropped and
+      counted, never queued.
+    * ``ramp``: linear from ``from_users``/``from_rate`` to ``users``/``rate`` over its
+      ``duration_s``; ``steps``: from each ``at_s`` on, its ``users``/``rate`` (in
+      increasing ``at_s``, none inside the ramp).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["closed", "open"] = "closed"
+    users: int | None = Field(None, ge=1, le=256)
+    rate: float | None = Field(None, gt=0, le=10000)
+    burstiness: float = Field(1.0, gt=0, le=1000)
+    max_in_flight: int = Field(64, ge=1, le=4096)
+    ramp: RampConfig | None = None
+    steps: list[StepConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ProfileConfig":
+        closed = self.kind == "closed"
+        unit, other = ("users", "rate") if closed else ("rate", "users")
+        if not closed and self.rate is None:
+            raise ValueError("an open-loop profile needs rate (requests/s > 0)")
+        # by value, not by "was it given": a dumped config (config.json) must parse again
+        misplaced = [f for f, default in (("burstiness", 1.0), ("max_in_flight", 64))
+                     if closed and getattr(self, f) != default]
+        misplaced += ["users"] if not closed and self.users is not None else []
+        misplaced += ["rate"] if closed and self.rate is not None else []
+        if misplaced:
+            raise ValueError(f"{', '.join(misplaced)} belong(s) to the other kind of profile than kind: {self.kind}")
+        if self.ramp is not None:
+            mine, theirs = (self.ramp.from_users, self.ramp.from_rate) if closed else (self.ramp.from_rate,
+                                                                                        self.ramp.from_users)
+            if mine is None or theirs is not None:
+                raise ValueError(f"ramp of a {self.kind}-loop profile needs from_{unit} (and no from_{other})")
+        last = self.ramp.duration_s if self.ramp is not None else None
+        for i, st in enumerate(self.steps):
+            value, wrong = (st.users, st.rate) if closed else (st.rate, st.users)
+            if value is None or wrong is not None:
+                raise ValueError(f"steps[{i}] of a {self.kind}-loop profile needs {unit} (and no {other})")
+            if last is not None and st.at_s <= last:
+                raise ValueError(f"steps[{i}].at_s {st.at_s:g} must be after the ramp and the previous step "
+                                 f"({last:g} s)")
+            last = st.at_s
+        return self
+
+
+class RetryConfig(BaseModel):
+    """The client's retry policy: a failed try that a client would retry (no response
+    head: refused, reset or timed out before it; or HTTP 408, 409, 429, 5xx; see
+    :func:`harness.load.retry.retryable`) is sent again, the same prompt and sampling,
+    after a backoff, at most ``max_retries`` times; then the logical request has failed.
+
+    ``backoff: exponential``: before retry ``n`` (1-based) wait
+    ``min(initial_s * multiplier**(n-1), max_s)`` seconds, jittered: ``openai`` multiplies
+    it by ``1 - 0.25 * U`` (U uniform in [0, 1)), ``full`` draws uniformly in ``[0, wait]``
+    (AWS's "full jitter"), ``none`` keeps it. ``backoff: fixed`` waits ``initial_s`` each
+    time (jitter still applies). Defaults are the OpenAI Python SDK's (openai/_constants.py:
+    ``DEFAULT_MAX_RETRIES = 2``, ``INITIAL_RETRY_DELAY = 0.5``, ``MAX_RETRY_DELAY = 8.0``;
+    openai/_base_client.py ``_calculate_retry_timeout``: doubling, ``1 - 0.25 * random()``
+    jitter). ``max_retries: 0`` turns retries off. Bounded: at most ``max_retries`` extra
+    tries of at most ``max_s`` seconds' wait each.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_retries: int = Field(2, ge=0, le=10)
+    backoff: Literal["exponential", "fixed"] = "exponential"
+    initial_s: float = Field(0.5, ge=0, le=60)
+    max_s: float = Field(8.0, ge=0, le=120)
+    multiplier: float = Field(2.0, ge=1, le=10)
+    jitter: Literal["openai", "full", "none"] = "openai"
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "RetryConfig":
+        if self.max_s < self.initial_s:
+            raise ValueError(f"max_s {self.max_s:g} < initial_s {self.initial_s:g}")
+        return self
+
+
 class LoadConfig(BaseModel):
     """Load shape, prompt set and sampling (see module doc). ``short_prompts``,
     ``medium_prompts``, ``long_prompts`` are the counts of the default buckets (< 64,
     ~128, ~512 tokens) and may not be combined with ``buckets``; ``seed`` fixes prompts,
-    each user's walk and its sampling draws."""
+    each user's walk, its sampling draws, the open loop's arrivals and the retry jitter.
+    ``error_backoff_s`` is the wait after a logical request failed (all its tries), before
+    the user's next one (closed loop)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -136,6 +272,11 @@ class LoadConfig(BaseModel):
     buckets: list[PromptBucket] | None = None
     sampling: list[SamplingClass] = Field(default_factory=lambda: [GREEDY.model_copy()], min_length=1)
     mirror: bool = False
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    # --- distributed load (issue 10, deliverable 9): locust's own master/worker mode on
+    # loopback; 0 = one locust process as always. See harness.load.locust_process.
+    workers: int = Field(0, ge=0, le=64)
 
     @field_validator("buckets")
     @classmethod
@@ -177,6 +318,16 @@ class LoadConfig(BaseModel):
                     setattr(self, name, default)
         return self
 
+    @model_validator(mode="after")
+    def _workers_have_users(self) -> "LoadConfig":
+        if self.workers > self.users:
+            raise ValueError(f"workers ({self.workers}) exceeds users ({self.users}): each locust worker "
+                             f"needs at least one user")
+        if self.workers and (self.profile.kind == "open" or self.profile.ramp or self.profile.steps):
+            raise ValueError("workers > 0 runs a plain closed loop of load.users users; an open-loop profile, "
+                             "a ramp or steps run in one locust process: leave workers at 0")
+        return self
+
     def bucket_specs(self) -> list[tuple[str, int, int, int, int, int]]:
         """The prompt set's buckets in order, as ``(name, target_lo, target_hi, accept_lo,
         accept_hi, count)`` in tokens (see :func:`harness.load.prompts.build_prompt_set`)."""
@@ -193,6 +344,23 @@ class LoadConfig(BaseModel):
     def longest_prompt_tokens(self) -> int:
         """The longest prompt a bucket with prompts may hold, in tokens."""
         return max((s[4] for s in self.bucket_specs() if s[5] > 0), default=0)
+
+    def bucket_max_tokens(self) -> dict[str, int]:
+        """``max_tokens`` of each bucket's requests (its own, else ``load.max_tokens``)."""
+        if self.buckets is None:
+            return {n: self.max_tokens for n in DEFAULT_BUCKETS}
+        return {b.name: b.max_tokens or self.max_tokens for b in self.buckets}
+
+    def longest_request_tokens(self) -> tuple[str, int, int]:
+        """The bucket whose longest prompt plus its ``max_tokens`` is largest, as
+        ``(name, prompt tokens, max_tokens)`` (``("", 0, 0)`` if no bucket has prompts)."""
+        out = max(((s[0], s[4], self.bucket_max_tokens()[s[0]]) for s in self.bucket_specs() if s[5] > 0),
+                  key=lambda t: t[1] + t[2], default=("", 0, 0))
+        return out
+
+    def closed_users(self) -> int:
+        """The closed loop's (final) user count: ``profile.users``, else ``users``."""
+        return self.profile.users or self.users
 
     def greedy_classes(self) -> set[str]:
         """Names of the greedy sampling classes (temperature 0)."""

@@ -9,6 +9,15 @@ Stopping is graceful first: SIGTERM makes locust stop its users, giving each up 
 ``stop_timeout_s`` to finish its request in flight (the record is written either way; a
 request still running then is recorded as an error), print its summary and exit. SIGKILL
 follows if it is still alive after ``stop(timeout_s)``.
+
+Distributed load (``cfg.workers = N > 0``): locust's own master/worker mode, all on
+127.0.0.1. One master (``--master``, bound to loopback, ``--expect-workers N``: it holds
+the run time and quits the run) and ``N`` worker processes (``--worker``), each started
+and registered like the single process, each writing its own records file
+(:func:`harness.load.records.worker_records_path`; readers merge them) and log
+(``locust.worker<i>.log``), and each allowed its share of ``max_requests`` (the shares sum
+to it). Stopping SIGTERMs the master (which tells the workers to quit, each finishing its
+request in flight), then waits for the workers, SIGTERMs and at last SIGKILLs any left.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +36,7 @@ from harness import state
 from harness.errors import LoadError
 from harness.load.config import LoadConfig
 from harness.load.client import check_loopback_url
+from harness.load.records import worker_records_path
 from harness.proc import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -61,11 +72,18 @@ def _tail(path: Path, chars: int = 2000) -> str:
 
 def exit_reason(path: Path) -> str:
     """Why locust ended, from its log: the request bound, or its last meaningful line."""
-    tail = _tail(path)
+    tail = _tail(path, 20000)   # locust's final summary (a table per request name) follows the line
     if "SPECCHAOS_MAX_REQUESTS" in tail and "reached" in tail:
         return "load.max_requests was reached (raise it, or shorten the phases)"
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
     return lines[-1][:200] if lines else "no log"
+
+
+def _describe(cfg: LoadConfig) -> str:
+    p = cfg.profile
+    if p.kind == "open":
+        return f"open loop {p.rate:g} req/s (burstiness {p.burstiness:g})"
+    return f"{cfg.closed_users()} users"
 
 
 class LocustProcess:
@@ -124,6 +142,9 @@ class LocustProcess:
         self.startup_check_s = startup_check_s
         self._proc: subprocess.Popen | None = None
         self._stopped = False
+        self.workers = cfg.workers
+        self._worker_procs: list[subprocess.Popen] = []
+        self.master_port: int | None = None
 
     def command(self) -> list[str]:
         """The locust argv (no shell)."""
@@ -131,7 +152,7 @@ class LocustProcess:
             sys.executable, "-m", "locust",
             "-f", str(LOCUSTFILE),
             "--headless",
-            "-u", str(self.cfg.users),
+            "-u", str(self.locust_users()),
             "-r", f"{self.cfg.spawn_rate:g}",
             "--host", self.host_url,
             "--run-time", f"{self.run_time_s}s",
@@ -139,7 +160,20 @@ class LocustProcess:
             "--only-summary",
             "--exit-code-on-error", "0",  # failed requests are data; exit != 0 means locust broke
             "--loglevel", "INFO",
+            *self._master_args(),
         ]
+
+    def locust_users(self) -> int:
+        """Locust's ``-u``: the closed loop's users (a shape overrides it when the profile
+        ramps or steps), or 1 for the open loop's arrival scheduler."""
+        return 1 if self.cfg.profile.kind == "open" else self.cfg.closed_users()
+
+    def profile_json(self) -> str:
+        """``SPECCHAOS_PROFILE``: the profile, a closed loop's ``users`` resolved."""
+        p = self.cfg.profile
+        if p.kind == "closed":
+            p = p.model_copy(update={"users": self.cfg.closed_users()})
+        return p.model_dump_json()
 
     def environment(self) -> dict[str, str]:
         """The child's environment: ours without ``LOCUST_*`` (no stray locust settings),
@@ -160,8 +194,76 @@ class LocustProcess:
             "SPECCHAOS_SAMPLING": json.dumps([s.model_dump() for s in c.sampling]),
             "SPECCHAOS_MIRROR_HOST": self.mirror_url or "",
             "SPECCHAOS_MIRROR_MODEL": self.mirror_model or "",
+            "SPECCHAOS_PROFILE": self.profile_json(),
+            "SPECCHAOS_RETRY": c.retry.model_dump_json(),
         })
         return env
+
+    # ------------------------------------------------------------ distributed load
+    def _master_args(self) -> list[str]:
+        if not self.workers:
+            return []
+        if self.master_port is None:
+            self.master_port = _free_loopback_port()
+        return ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(self.master_port),
+                "--expect-workers", str(self.workers), "--expect-workers-max-wait", str(int(STARTUP_LIMIT_S))]
+
+    def max_requests_share(self, index: int) -> int:
+        """Worker ``index``'s share of ``cfg.max_requests``: an even split, the first
+        ``max_requests % workers`` workers one more (the shares sum to the bound)."""
+        n, total = self.workers, self.cfg.max_requests
+        return total // n + (1 if index < total % n else 0)
+
+    def worker_command(self, index: int) -> list[str]:
+        """The argv of worker ``index`` (no shell); it connects to the master on loopback."""
+        del index   # every worker runs the same command; its environment differs
+        return [
+            sys.executable, "-m", "locust",
+            "-f", str(LOCUSTFILE),
+            "--worker", "--master-host", "127.0.0.1", "--master-port", str(self.master_port),
+            "--exit-code-on-error", "0",  # as the master: failed requests are data
+            "--loglevel", "INFO",
+        ]
+
+    def worker_environment(self, index: int) -> dict[str, str]:
+        """Worker ``index``'s environment: the master's, with its own records file, its
+        share of the request bound, and its index (run-wide user ids, see the locustfile)."""
+        env = self.environment()
+        env.update({
+            "SPECCHAOS_RECORDS": str(worker_records_path(self.records_path, index)),
+            "SPECCHAOS_MAX_REQUESTS": str(self.max_requests_share(index)),
+            "SPECCHAOS_WORKER_INDEX": str(index),
+            "SPECCHAOS_WORKER_COUNT": str(self.workers),
+        })
+        return env
+
+    def worker_log_path(self, index: int) -> Path:
+        """Worker ``index``'s log: ``locust.log`` → ``locust.worker<i>.log``."""
+        return worker_records_path(self.log_path, index)
+
+    @property
+    def pids(self) -> list[int]:
+        """The pids of every locust process started (master or single process first)."""
+        return [p.pid for p in ([self._proc] if self._proc else []) + self._worker_procs]
+
+    def _spawn(self, cmd: list[str], env: dict[str, str], log_path: Path, role: str) -> subprocess.Popen:
+        with open(log_path, "ab") as logf:
+            try:
+                proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                    env=env, cwd=str(self.records_path.parent),  # no stray locust.conf
+                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM), close_fds=True,
+                )
+            except OSError as exc:
+                raise LoadError(f"cannot start locust: {exc}", where=str(log_path)) from None
+        state.register_process(proc.pid, role)
+        return proc
+
+    def _failed_worker(self) -> tuple[int, subprocess.Popen] | None:
+        for i, w in enumerate(self._worker_procs):
+            if w.poll() is not None and w.returncode != 0:
+                return i, w
+        return None
 
     @property
     def pid(self) -> int | None:
@@ -191,20 +293,18 @@ class LocustProcess:
         self.records_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command()
-        log.info("starting locust: %d users -> %s%s for %d s", self.cfg.users, self.host_url,
+        log.info("starting locust: %s -> %s%s for %d s", _describe(self.cfg), self.host_url,
                  f" and (mirror) {self.mirror_url}" if self.mirror_url else "", self.run_time_s)
         log.debug("locust argv: %s", cmd)
-        with open(self.log_path, "ab") as logf:
-            log_offset = logf.tell()
-            try:
-                self._proc = subprocess.Popen(
-                    cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                    env=self.environment(), cwd=str(self.records_path.parent),  # no stray locust.conf
-                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM), close_fds=True,
-                )
-            except OSError as exc:
-                raise LoadError(f"cannot start locust: {exc}", where=str(self.log_path)) from None
-        state.register_process(self._proc.pid, "locust")
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._proc = self._spawn(cmd, self.environment(), self.log_path, "locust-master" if self.workers else "locust")
+        try:
+            for i in range(self.workers):
+                self._worker_procs.append(self._spawn(self.worker_command(i), self.worker_environment(i),
+                                                      self.worker_log_path(i), f"locust-worker{i}"))
+        except LoadError:
+            self.stop(timeout_s=5.0)
+            raise
         # The survival window counts from locust's own "Starting Locust" line, printed once
         # the locustfile (and the prompt set) loaded: on a busy host the import alone can
         # outlast a fixed window, and a bad prompt set would then pass the check.
@@ -214,7 +314,16 @@ class LocustProcess:
             if not started and _STARTED_LINE in _log_since(self.log_path, log_offset):
                 started = True
                 deadline = time.monotonic() + self.startup_check_s
+            failed = self._failed_worker()
+            if failed is not None:
+                i, w = failed
+                self.stop(timeout_s=5.0)
+                raise LoadError(f"locust worker {i} exited at start with code {w.returncode}: "
+                                f"{_tail(self.worker_log_path(i))}", where=str(self.worker_log_path(i)),
+                                hint="read the worker's locust log")
             if self._proc.poll() is not None:
+                if self._worker_procs:   # the master is gone: its workers go too
+                    self.stop(timeout_s=self.stop_timeout_s + 5.0)
                 self._forget()
                 if self._proc.returncode == 0:  # e.g. SPECCHAOS_MAX_REQUESTS already reached
                     return
@@ -239,27 +348,24 @@ class LocustProcess:
         if self._stopped:
             return proc.poll()
         self._stopped = True
-        if proc.poll() is None:
+        deadline = time.monotonic() + timeout_s
+        _terminate(proc, timeout_s, "locust")
+        # Workers: the master told them to quit (each finishes its request in flight);
+        # wait for them within the same bound, then SIGTERM, then SIGKILL what is left.
+        for i, w in enumerate(self._worker_procs):
             try:
-                proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=timeout_s)
+                w.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("locust did not stop within %.0f s of SIGTERM; killing it", timeout_s)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    proc.kill()
-                proc.wait(timeout=10)
+                _terminate(w, max(5.0, self.stop_timeout_s + 2.0), f"locust worker {i}")
         self._forget()
-        log.info("locust stopped (exit code %s)", proc.returncode)
+        log.info("locust stopped (exit code %s%s)", proc.returncode,
+                 f"; workers {[w.returncode for w in self._worker_procs]}" if self._worker_procs else "")
         return proc.returncode
 
     def _forget(self) -> None:
-        if self._proc is not None:
-            state.unregister_process(self._proc.pid)
+        for p in ([self._proc] if self._proc is not None else []) + self._worker_procs:
+            if p.poll() is not None:   # a live worker stays registered for `specchaos cleanup`
+                state.unregister_process(p.pid)
 
     def __enter__(self) -> "LocustProcess":
         self.start()
@@ -267,3 +373,29 @@ class LocustProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _terminate(proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+    """SIGTERM ``proc``, wait up to ``timeout_s``, then SIGKILL its process group."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop within %.0f s of SIGTERM; killing it", what, timeout_s)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def _free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for the locust master)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

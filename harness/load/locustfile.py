@@ -20,6 +20,29 @@ server always runs second.
 Locust's own statistics are kept right by firing ``environment.events.request`` for every
 request (``response_time`` in ms, an ``exception`` on failure).
 
+Retries (``SPECCHAOS_RETRY``, :mod:`harness.load.retry`): a failed try that the policy
+retries is sent again (same prompt and sampling) after the backoff, jittered from the
+user's own generator (``random.Random(f"retry:{SPECCHAOS_SEED}:{user index}")``, so the
+prompt walk does not depend on failures); every try is its own record, all sharing the
+logical request's ``logical_id``, ``attempt`` counting from 1. After the last failed try
+the user waits ``SPECCHAOS_ERROR_BACKOFF_S`` and goes on with its next request.
+
+Profiles (``SPECCHAOS_PROFILE``, :mod:`harness.load.profiles`):
+
+* closed loop without ramp or steps: exactly the loop above, ``-u`` users;
+* closed loop with a ramp or steps: :class:`ProfileShape`, a locust ``LoadTestShape``
+  whose ``tick`` (polled by locust once a second) returns the schedule's users, so a step
+  takes effect within about a second plus the spawn time (``-r``); it ends the run at
+  ``--run-time``;
+* open loop: one :class:`OpenLoopUser` (``-u 1``) is the arrival scheduler: it sleeps until
+  each arrival instant of :func:`harness.load.profiles.iter_arrivals` and spawns one
+  greenlet for that request (with its retries), so arrivals never wait for responses (a
+  true open loop, unlike locust's ``constant_throughput``, which paces each user after its
+  own response). The ``i``-th arrival sends the ``i``-th request of one seeded walk
+  (user 0). At most ``max_in_flight`` requests run at once; an arrival beyond it is
+  dropped and counted. Records carry ``user_id`` 0. ``load_stats.json`` beside the records
+  says how many arrivals came, were dropped, and how late the scheduler sent (``lag``).
+
 Configuration (environment variables, all set by ``LocustProcess``):
 
 * ``SPECCHAOS_PROMPTS``: prompts.json (:func:`harness.load.prompts.save_prompt_set`).
@@ -29,8 +52,9 @@ Configuration (environment variables, all set by ``LocustProcess``):
 * ``SPECCHAOS_MAX_REQUESTS``: requests this process may send in all; when reached, the
   runner quits (default 20000).
 * ``SPECCHAOS_THINK_TIME_S``: wait after a successful request (default 0).
-* ``SPECCHAOS_ERROR_BACKOFF_S``: wait after a failed one, so a dead server is not
-  hammered in a tight loop (default 0.25; the larger of it and the think time is used).
+* ``SPECCHAOS_ERROR_BACKOFF_S``: wait after a failed logical request (all its tries), so
+  a dead server is not hammered in a tight loop (default 0.25; the larger of it and the
+  think time is used; closed loop only).
 * ``SPECCHAOS_SEED``: seed of the per-user prompt orders (default 1234).
 * ``SPECCHAOS_IGNORE_EOS``: ``1``/``true`` to ask for ``ignore_eos`` (default off).
 * ``SPECCHAOS_SAMPLING``: the sampling classes as a JSON list of
@@ -38,6 +62,13 @@ Configuration (environment variables, all set by ``LocustProcess``):
 * ``SPECCHAOS_MIRROR_HOST``: the reference server's root URL for mirror mode (default:
   none, no mirror); ``SPECCHAOS_MIRROR_MODEL`` its served model name (default
   ``SPECCHAOS_MODEL``).
+* ``SPECCHAOS_PROFILE``: the profile as JSON (:class:`harness.load.config.ProfileConfig`;
+  default: closed loop, ``-u`` users).
+* ``SPECCHAOS_RETRY``: the retry policy as JSON (:class:`harness.load.config.RetryConfig`;
+  default: no retries).
+* ``SPECCHAOS_WORKER_INDEX``, ``SPECCHAOS_WORKER_COUNT``: set on the workers of a
+  distributed load (``load.workers``; see the end of this file); the records path and
+  ``SPECCHAOS_MAX_REQUESTS`` are then this worker's own file and share.
 
 Shutdown: once locust starts stopping (``test_stopping``) no new request is sent; its
 ``--stop-timeout`` lets a user finish the request in flight; a request still running when
@@ -52,20 +83,27 @@ import json
 import logging
 import os
 import random
-from dataclasses import dataclass
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gevent
-from locust import User, events, task
+import gevent.pool
+from locust import LoadTestShape, User, events, task
 from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
 
 from pydantic import TypeAdapter, ValidationError
 
 from harness.errors import LoadError, first_error
 from harness.load.client import check_loopback_url, make_client, stream_completion
-from harness.load.config import GREEDY, SamplingClass
+from harness.load.config import GREEDY, ProfileConfig, RetryConfig, SamplingClass
+from harness.load.profiles import Walk, iter_arrivals, users_at
 from harness.load.prompts import Prompt, load_prompt_set
 from harness.load.records import RequestRecord, append_record
+from harness.load.retry import backoff_s, retryable
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +124,24 @@ class Settings:
     sampling: tuple[SamplingClass, ...] = (GREEDY,)
     mirror_host: str | None = None
     mirror_model: str | None = None
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    retry: RetryConfig = field(default_factory=lambda: RetryConfig(max_retries=0))
+    #: Distributed load (``load.workers``): this worker's index and the worker count
+    #: (``worker_count == 0``: a single locust process, no master).
+    worker_index: int = 0
+    worker_count: int = 0
+
+
+def _model(raw: str | None, name: str, cls, default):
+    """A pydantic model from the JSON in variable ``name`` (``default`` when unset)."""
+    if not raw:
+        return default
+    try:
+        return cls.model_validate_json(raw)
+    except ValidationError as exc:
+        loc, msg, _ = first_error(exc)
+        raise LoadError(f"{name} is not a valid {cls.__name__}: {loc + ': ' if loc else ''}{msg}",
+                        where="harness/load/locustfile.py") from None
 
 
 def _sampling(raw: str | None) -> tuple[SamplingClass, ...]:
@@ -145,6 +201,10 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         sampling=_sampling(env.get("SPECCHAOS_SAMPLING")),
         mirror_host=env.get("SPECCHAOS_MIRROR_HOST") or None,
         mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
+        profile=_model(env.get("SPECCHAOS_PROFILE"), "SPECCHAOS_PROFILE", ProfileConfig, ProfileConfig()),
+        retry=_model(env.get("SPECCHAOS_RETRY"), "SPECCHAOS_RETRY", RetryConfig, RetryConfig(max_retries=0)),
+        worker_index=num("SPECCHAOS_WORKER_INDEX", 0, int),
+        worker_count=num("SPECCHAOS_WORKER_COUNT", 0, int),
     )
 
 
@@ -169,28 +229,107 @@ class RequestFailed(Exception):
     """What locust's statistics see for a failed request: ``"<error class>: <detail>"``."""
 
 
+class _Halt(Exception):
+    """No more requests: the run is stopping, or ``SPECCHAOS_MAX_REQUESTS`` was reached."""
+
+
+def record(environment, rec: RequestRecord) -> None:
+    """Append ``rec`` to the records file and report it to locust's statistics."""
+    append_record(SETTINGS.records_path, rec)
+    exc = None if rec.ok else RequestFailed(f"{rec.error}: {rec.error_detail}")
+    host = environment.host if rec.server == "spec" else SETTINGS.mirror_host
+    environment.events.request.fire(
+        request_type="POST",
+        name=f"/v1/completions [{rec.prompt_class}]" + ("" if rec.server == "spec" else f" [{rec.server}]"),
+        response_time=(rec.e2e_s or 0.0) * 1000.0,
+        response_length=len(rec.text),
+        response=None,
+        context={"user_id": rec.user_id, "prompt_id": rec.prompt_id, "request_id": rec.request_id,
+                 "attempt": rec.attempt},
+        exception=exc,
+        start_time=rec.send_time,
+        url=f"{host}/v1/completions",
+    )
+
+
+def send_logical(environment, client, target: tuple[str, str, str], prompt: Prompt, sampling: SamplingClass, *,
+                 user_id: int, rng: random.Random) -> bool:
+    """Every try of one logical request to one server (``target`` = ``(server, base URL,
+    model)``) under ``SETTINGS.retry``: the first, then a retry after each retryable
+    failure (:func:`harness.load.retry.retryable`), sleeping :func:`harness.load.retry.backoff_s`
+    with ``rng``'s jitter, at most ``max_retries`` times. Each try is recorded.
+
+    Returns:
+        Whether a try succeeded.
+
+    Raises:
+        _Halt: the run is stopping or the request bound was reached (no try is sent then).
+    """
+    global _sent
+    server, url, model = target
+    logical_id = uuid.uuid4().hex
+    policy = SETTINGS.retry
+    for attempt in range(1, policy.max_retries + 2):
+        if _stopping:
+            raise _Halt()
+        if _sent >= SETTINGS.max_requests:
+            _quit(environment)
+            raise _Halt()
+        _sent += 1
+        rec = stream_completion(
+            client, url, model, prompt,
+            timeout_s=SETTINGS.request_timeout_s, source="load", user_id=user_id,
+            ignore_eos=SETTINGS.ignore_eos, on_interrupt=lambda r: record(environment, r), server=server,
+            sampling=sampling, attempt=attempt, logical_id=logical_id,
+        )
+        record(environment, rec)
+        if rec.ok:
+            return True
+        if attempt > policy.max_retries or not retryable(rec):
+            return False
+        gevent.sleep(backoff_s(policy, attempt, rng))
+    return False
+
+
+def targets(host: str, step: int, user_id: int) -> list[tuple[str, str, str]]:
+    """``(server, base URL, model)`` to send a step's request to, in order: the
+    speculative server alone, or in mirror mode both, the first alternating per step
+    (user ``i`` starts with the reference server when ``i`` is odd)."""
+    spec = ("spec", host, SETTINGS.model)
+    if not SETTINGS.mirror_host:
+        return [spec]
+    ref = ("ref", SETTINGS.mirror_host, SETTINGS.mirror_model or SETTINGS.model)
+    return [spec, ref] if (step + user_id) % 2 == 0 else [ref, spec]
+
+
+def _check_hosts(host: str | None) -> None:
+    check_loopback_url(host or "", where="locust --host")
+    if SETTINGS.mirror_host:
+        check_loopback_url(SETTINGS.mirror_host, where="SPECCHAOS_MIRROR_HOST")
+
+
 class StreamingCompletionUser(User):
     """One closed-loop client of the speculative server, and in mirror mode of the
     reference server too (see module doc)."""
 
+    abstract = SETTINGS.profile.kind != "closed"
+
     def __init__(self, environment) -> None:
         super().__init__(environment)
-        self.user_id = next(_user_index)
-        self.rng = random.Random(SETTINGS.seed + self.user_id)
-        self.sampling_rng = random.Random(f"sampling:{SETTINGS.seed}:{self.user_id}")
+        self.user_id = global_user_id(next(_user_index))
+        self.walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, self.user_id)
+        self.retry_rng = random.Random(f"retry:{SETTINGS.seed}:{self.user_id}")
         self._steps = 0
-        self._order: list[Prompt] = []
         self._next_wait = SETTINGS.think_time_s
         self._client = None
 
     def wait_time(self) -> float:
-        """Think time after a success, ``max(think, error backoff)`` after a failure."""
+        """Think time after a success, ``max(think, error backoff)`` after a failed
+        logical request."""
         return self._next_wait
 
     def on_start(self) -> None:
-        check_loopback_url(self.host or "", where="locust --host")
-        if SETTINGS.mirror_host:
-            check_loopback_url(SETTINGS.mirror_host, where="SPECCHAOS_MIRROR_HOST")
+        _check_hosts(self.host)
         self._client = make_client(max_connections=2)
 
     def on_stop(self) -> None:
@@ -199,69 +338,158 @@ class StreamingCompletionUser(User):
 
     def next_prompt(self) -> Prompt:
         """The next prompt of this user's seeded walk (a new shuffle per pass)."""
-        if not self._order:
-            self._order = list(SETTINGS.prompts)
-            self.rng.shuffle(self._order)
-            self._order.reverse()  # pop() from the end walks the shuffle in order
-        return self._order.pop()
+        return self.walk.next_prompt()
 
     def next_sampling(self) -> SamplingClass:
         """The next request's sampling class, drawn by weight from this user's seeded
         generator (no draw when there is only one class)."""
-        classes = SETTINGS.sampling
-        if len(classes) == 1:
-            return classes[0]
-        return self.sampling_rng.choices(classes, weights=[c.weight for c in classes])[0]
+        return self.walk.next_sampling()
 
     def targets(self) -> list[tuple[str, str, str]]:
-        """``(server, base URL, model)`` to send this step's request to, in order: the
-        speculative server alone, or in mirror mode both, the first alternating per step
-        (user ``i`` starts with the reference server when ``i`` is odd)."""
-        spec = ("spec", self.host, SETTINGS.model)
-        if not SETTINGS.mirror_host:
-            return [spec]
-        ref = ("ref", SETTINGS.mirror_host, SETTINGS.mirror_model or SETTINGS.model)
-        return [spec, ref] if (self._steps + self.user_id) % 2 == 0 else [ref, spec]
+        """This step's servers (see :func:`targets`)."""
+        return targets(self.host, self._steps, self.user_id)
 
     @task
     def complete(self) -> None:
-        """Send one request (in mirror mode: the same one to both servers), record it,
-        and choose the next wait."""
-        global _sent
+        """Send one logical request with its retries (in mirror mode: one to each server),
+        record every try, and choose the next wait."""
         prompt, sampling = self.next_prompt(), self.next_sampling()
-        targets = self.targets()
+        steps = self.targets()
         self._steps += 1
         all_ok = True
-        for server, url, model in targets:
-            if _stopping:
-                raise StopUser()
-            if _sent >= SETTINGS.max_requests:
-                _quit(self.environment)
-                raise StopUser()
-            _sent += 1
-            rec = stream_completion(
-                self._client, url, model, prompt,
-                timeout_s=SETTINGS.request_timeout_s, source="load", user_id=self.user_id,
-                ignore_eos=SETTINGS.ignore_eos, on_interrupt=self._record, server=server, sampling=sampling,
-            )
-            self._record(rec)
-            all_ok = all_ok and rec.ok
+        for target in steps:
+            try:
+                ok = send_logical(self.environment, self._client, target, prompt, sampling,
+                                  user_id=self.user_id, rng=self.retry_rng)
+            except _Halt:
+                raise StopUser() from None
+            all_ok = all_ok and ok
         self._next_wait = SETTINGS.think_time_s if all_ok else max(SETTINGS.think_time_s, SETTINGS.error_backoff_s)
 
-    def _record(self, rec: RequestRecord) -> None:
-        append_record(SETTINGS.records_path, rec)
-        exc = None if rec.ok else RequestFailed(f"{rec.error}: {rec.error_detail}")
-        self.environment.events.request.fire(
-            request_type="POST",
-            name=f"/v1/completions [{rec.prompt_class}]" + ("" if rec.server == "spec" else f" [{rec.server}]"),
-            response_time=(rec.e2e_s or 0.0) * 1000.0,
-            response_length=len(rec.text),
-            response=None,
-            context={"user_id": rec.user_id, "prompt_id": rec.prompt_id, "request_id": rec.request_id},
-            exception=exc,
-            start_time=rec.send_time,
-            url=f"{self.host if rec.server == 'spec' else SETTINGS.mirror_host}/v1/completions",
-        )
+
+# ---------------------------------------------------------------- profiles (harness.load.profiles)
+
+class ProfileShape(LoadTestShape):
+    """Closed loop with a ramp or steps: the schedule's users each second
+    (:func:`harness.load.profiles.users_at`), spawning at ``-r``; None (stop) at
+    ``--run-time``. Only active when the profile has a ramp or steps."""
+
+    abstract = not (SETTINGS.profile.kind == "closed" and (SETTINGS.profile.ramp or SETTINGS.profile.steps))
+    use_common_options = True   # --run-time and --spawn-rate still apply
+
+    def tick(self):
+        t = self.get_run_time()
+        opts = self.runner.environment.parsed_options
+        if opts is not None and opts.run_time and t >= opts.run_time:
+            return None
+        spawn_rate = (opts.spawn_rate if opts is not None and opts.spawn_rate else 1.0)
+        return users_at(SETTINGS.profile, t, 1), spawn_rate
+
+
+@events.init.add_listener
+def _graceful_sigterm_with_a_shape(environment, **_kwargs) -> None:
+    """Headless locust (2.47) blocks on a shape before it installs its SIGTERM handler, so
+    SIGTERM would kill it outright (requests in flight unrecorded). With the shape active,
+    SIGTERM quits the runner gracefully here (users get ``--stop-timeout``), as it does
+    without a shape."""
+    if ProfileShape.abstract or environment.runner is None:
+        return
+
+    def on_sigterm() -> None:
+        log.info("SIGTERM: stopping the shaped load")
+        gevent.spawn(environment.runner.quit)
+
+    gevent.signal_handler(signal.SIGTERM, on_sigterm)
+
+
+@dataclass
+class OpenLoopStats:
+    """The open loop's own account, written to ``load_stats.json`` beside the records:
+    arrivals due so far, those dropped (``max_in_flight`` requests were in flight), and the
+    scheduler's lateness (seconds between an arrival's planned instant and its start)."""
+
+    kind: str = "open"
+    rate: float = 0.0
+    burstiness: float = 1.0
+    max_in_flight: int = 0
+    arrivals: int = 0
+    dropped: int = 0
+    max_lag_s: float = 0.0
+    mean_lag_s: float = 0.0
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+
+#: ``load_stats.json``: beside the records file.
+STATS_PATH = SETTINGS.records_path.with_name("load_stats.json")
+
+
+class OpenLoopUser(User):
+    """The open loop's arrival scheduler (see module doc): one such user runs; each
+    arrival's request (with its retries) runs in its own greenlet."""
+
+    abstract = SETTINGS.profile.kind != "open"
+
+    def __init__(self, environment) -> None:
+        super().__init__(environment)
+        self.user_id = next(_user_index)
+        p = SETTINGS.profile
+        self.stats = OpenLoopStats(rate=p.rate or 0.0, burstiness=p.burstiness, max_in_flight=p.max_in_flight)
+        self.pool = gevent.pool.Group()
+        self._client = None
+
+    def wait_time(self) -> float:
+        return 0.0
+
+    def on_start(self) -> None:
+        _check_hosts(self.host)
+        self._client = make_client(max_connections=SETTINGS.profile.max_in_flight * (2 if SETTINGS.mirror_host else 1))
+
+    def on_stop(self) -> None:
+        self.pool.kill(block=True, timeout=5)   # requests cut now are recorded as other:GreenletExit
+        self.stats.write(STATS_PATH)
+        if self._client is not None:
+            self._client.close()
+
+    @task
+    def schedule(self) -> None:
+        """Run the arrivals until the run stops (one task call for the whole run)."""
+        p = SETTINGS.profile
+        walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, 0)
+        t0 = time.monotonic()
+        lag_sum = 0.0
+        for i, at in enumerate(iter_arrivals(p, SETTINGS.seed)):
+            wait = at - (time.monotonic() - t0)
+            if wait > 0:
+                gevent.sleep(wait)
+            if _stopping or _quitting:
+                break
+            lag = max(0.0, time.monotonic() - t0 - at)
+            prompt, sampling = walk.next()   # the i-th arrival takes the walk's i-th request, sent or not
+            st = self.stats
+            st.arrivals += 1
+            st.max_lag_s = max(st.max_lag_s, lag)
+            lag_sum += lag
+            st.mean_lag_s = lag_sum / st.arrivals
+            if len(self.pool) >= p.max_in_flight:
+                st.dropped += 1
+                continue
+            self.pool.spawn(self._arrival, i, prompt, sampling)
+            if i % 64 == 0:
+                st.write(STATS_PATH)
+        self.pool.join(timeout=SETTINGS.request_timeout_s)
+        raise StopUser()
+
+    def _arrival(self, i: int, prompt: Prompt, sampling: SamplingClass) -> None:
+        rng = random.Random(f"retry:{SETTINGS.seed}:open:{i}")
+        for target in targets(self.host, i, 0):
+            try:
+                send_logical(self.environment, self._client, target, prompt, sampling, user_id=0, rng=rng)
+            except _Halt:
+                return
 
 
 def _quit(environment) -> None:
@@ -271,5 +499,47 @@ def _quit(environment) -> None:
     if _quitting or environment.runner is None:
         return
     _quitting = True
+    if isinstance(environment.runner, WorkerRunner):   # distributed: the master quits everyone
+        log.info("worker %d: its share SPECCHAOS_MAX_REQUESTS=%d reached, telling the master",
+                 SETTINGS.worker_index, SETTINGS.max_requests)
+        environment.runner.send_message(MAX_REACHED_MSG, {"worker": SETTINGS.worker_index})
+        return
     log.info("SPECCHAOS_MAX_REQUESTS=%d reached, quitting", SETTINGS.max_requests)
+    gevent.spawn(environment.runner.quit)
+
+
+# ---------------------------------------------------------------- distributed load
+# (``load.workers``, issue 10: locust's own master/worker mode, all on loopback.)
+# Each worker gets ``SPECCHAOS_WORKER_INDEX`` / ``SPECCHAOS_WORKER_COUNT``, its own records
+# file and its share of ``SPECCHAOS_MAX_REQUESTS`` (the shares sum to the run's bound), so
+# the bound holds across workers without any coordination per request. A worker that
+# used up its share tells the master, which quits the whole run, as the single process does.
+
+#: Custom locust message from a worker to the master: "my share of the requests is used up".
+MAX_REACHED_MSG = "specchaos_max_requests"
+
+
+def global_user_id(k: int) -> int:
+    """The run-wide index of this process's ``k``-th user (0-based): ``k`` itself with one
+    locust process, ``worker_index + k * worker_count`` on a worker, so indices (and with
+    them the seeded walks and sampling draws) never repeat across workers."""
+    if SETTINGS.worker_count <= 0:
+        return k
+    return SETTINGS.worker_index + k * SETTINGS.worker_count
+
+
+@events.init.add_listener
+def _on_init(environment, **_kwargs) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(MAX_REACHED_MSG, _on_max_reached)
+
+
+def _on_max_reached(environment, msg, **_kwargs) -> None:
+    """On the master: a worker used up its share of the request bound; quit the run."""
+    global _quitting
+    if _quitting:
+        return
+    _quitting = True
+    log.info("SPECCHAOS_MAX_REQUESTS=%d reached (worker %s used up its share), quitting",
+             SETTINGS.max_requests, (msg.data or {}).get("worker"))
     gevent.spawn(environment.runner.quit)

@@ -29,7 +29,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from harness.errors import LoadError, ModelError
 from harness.load.config import DEFAULT_BUCKETS
@@ -192,6 +192,7 @@ def build_bucketed_prompt_set(
     seed: int,
     max_tokens: int,
     count_tokens: Callable[[str], int] | None = None,
+    max_tokens_by_bucket: Mapping[str, int] | None = None,
 ) -> list[Prompt]:
     """Build a seeded prompt set bucket by bucket.
 
@@ -202,8 +203,12 @@ def build_bucketed_prompt_set(
             each aiming at a length drawn uniformly in ``[target_lo, target_hi]`` tokens and
             accepted within ``[accept_lo, accept_hi]``.
         seed: the same seed, buckets and tokenizer give the same set.
-        max_tokens: ``max_tokens`` of every prompt.
+        max_tokens: ``max_tokens`` of every prompt whose bucket has none in
+            ``max_tokens_by_bucket``.
         count_tokens: optional text -> token count instead of loading ``tokenizer_dir``.
+        max_tokens_by_bucket: ``max_tokens`` per bucket name
+            (:meth:`harness.load.config.LoadConfig.bucket_max_tokens`); it draws nothing, so
+            the texts are the same with or without it.
 
     Returns:
         The prompts, ids ``0..n-1`` in bucket order, ``prompt_class`` = the bucket's name.
@@ -217,11 +222,14 @@ def build_bucketed_prompt_set(
     count = count_tokens or load_token_counter(tokenizer_dir)
     rng = random.Random(seed)
     prompts: list[Prompt] = []
+    per_bucket = dict(max_tokens_by_bucket or {})
+    if any(v < 1 for v in per_bucket.values()):
+        raise LoadError("max_tokens of every bucket must be >= 1", where="harness.load.prompts")
     for name, t_lo, t_hi, lo, hi, n in buckets:
         for _ in range(n):
             target = rng.randint(t_lo, t_hi)
             text, tokens = _fit(rng, count, target, lo, hi)
-            prompts.append(Prompt(len(prompts), name, text, tokens, max_tokens))
+            prompts.append(Prompt(len(prompts), name, text, tokens, per_bucket.get(name, max_tokens)))
     log.debug("built %d prompts (seed %d)", len(prompts), seed)
     return prompts
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -126,8 +127,14 @@ def write_records(path: str | os.PathLike, records: Iterable[RequestRecord]) -> 
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[RequestRecord]:
-    """Yield records from a JSONL file. A torn last line (writer killed mid-write) is skipped."""
-    p = Path(path)
+    """Yield records from a JSONL file and from its workers' files (distributed load,
+    ``load.workers``: see :func:`record_files`), the main file first, then worker 0, 1, ….
+    A torn last line (writer killed mid-write) is skipped."""
+    for p in record_files(path):
+        yield from _iter_file(p)
+
+
+def _iter_file(p: Path) -> Iterator[RequestRecord]:
     if not p.exists():
         return
     with p.open(encoding="utf-8") as fh:
@@ -163,7 +170,7 @@ def unreadable_lines(path: str | os.PathLike) -> list[int]:
 
 
 def read_records(path: str | os.PathLike) -> list[RequestRecord]:
-    """All records of a JSONL file (see :func:`iter_records`)."""
+    """All records of a JSONL file and its workers' files (see :func:`iter_records`)."""
     return list(iter_records(path))
 
 
@@ -232,3 +239,69 @@ def is_complete(r: RequestRecord) -> tuple[bool, str]:
     if r.finish_reason == "length" and r.output_tokens != r.max_tokens:
         return False, f"finish_reason 'length' at {r.output_tokens} tokens, max_tokens is {r.max_tokens}"
     return True, ""
+
+
+# ---------------------------------------------------------------- distributed load files
+#: How a locust worker's records file is named next to ``records.jsonl`` (``load.workers``):
+#: each worker appends to its own file, so no two processes write one file.
+WORKER_FILE = "{stem}.worker{index}{suffix}"
+_WORKER_RE = re.compile(r"^(?P<stem>.+)\.worker(?P<index>\d+)(?P<suffix>\.[^.]*)$")
+
+
+def worker_records_path(path: str | os.PathLike, index: int) -> Path:
+    """The records file of locust worker ``index`` (0-based) for the run file ``path``:
+    ``records.jsonl`` → ``records.worker0.jsonl``."""
+    p = Path(path)
+    return p.with_name(WORKER_FILE.format(stem=p.stem, index=index, suffix=p.suffix))
+
+
+def worker_record_files(path: str | os.PathLike) -> list[Path]:
+    """The workers' records files that exist next to ``path``, by worker index."""
+    p = Path(path)
+    found = []
+    if p.parent.is_dir():
+        for f in p.parent.iterdir():
+            m = _WORKER_RE.match(f.name)
+            if m and m["stem"] == p.stem and m["suffix"] == p.suffix:
+                found.append((int(m["index"]), f))
+    return [f for _, f in sorted(found)]
+
+
+def record_files(path: str | os.PathLike) -> list[Path]:
+    """Every file that holds the records of the run file ``path``: ``path`` itself (the
+    single load process, probes) and, with distributed load, each worker's file
+    (:func:`worker_records_path`). Each record lives in exactly one of them, so reading
+    them all in turn loses and doubles nothing."""
+    return [Path(path), *worker_record_files(path)]
+
+
+class RecordTail:
+    """Reads the records appended to a run's records files since the last call
+    (:func:`record_files`, re-listed on each call so workers' files that appear later are
+    followed too): only whole lines; a line still being written is read next time.
+
+    Not thread-safe: one reader per instance.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> list[RequestRecord]:
+        """The records completed since the previous call (unparsable lines skipped)."""
+        out: list[RequestRecord] = []
+        for f in record_files(self.path):
+            try:
+                with open(f, "rb") as fh:
+                    fh.seek(self._offsets.get(f, 0))
+                    data = fh.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1   # whole lines only
+            self._offsets[f] = self._offsets.get(f, 0) + end
+            for line in data[:end].splitlines():
+                try:
+                    out.append(RequestRecord.from_dict(json.loads(line)))
+                except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+                    continue
+        return out

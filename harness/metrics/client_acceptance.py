@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from harness.load.records import RequestRecord, is_complete
 
-__all__ = ["STEP_GAP_S", "engine_steps", "counted_steps", "Tally", "tally", "sampling_of", "server_of",
+__all__ = ["STEP_GAP_S", "arrival_groups", "engine_steps", "counted_steps", "Tally", "tally", "sampling_of", "server_of",
            "spec_records", "speculation_changes", "k_at", "acceptance_table"]
 
 #: Default arrival gap (seconds) under which consecutive output events are grouped into one
@@ -77,6 +77,46 @@ def server_of(r: RequestRecord) -> str:
     return getattr(r, "server", None) or "spec"
 
 
+def arrival_groups(offsets_s: Sequence[float], tokens: Sequence[int],
+                   gap_s: float = STEP_GAP_S) -> list[tuple[float, float, int]]:
+    """A stream's output events grouped by arrival: each event that arrived less than
+    ``gap_s`` seconds after the previous (non-empty) one joins that one's group.
+
+    The one grouping rule of the metrics layer: :func:`engine_steps` counts engine steps
+    with it, :func:`harness.metrics.latency.itl_per_token_s` spreads inter-token gaps over
+    the events that arrived together (one server write).
+
+    Args:
+        offsets_s: arrival offsets of the output events, seconds (``chunk_offsets_s``).
+        tokens: tokens per event (``chunk_tokens``), same length.
+        gap_s: grouping gap, seconds (0: every event is its own group).
+
+    Returns:
+        ``[(first_s, last_s, tokens)]`` per group in stream order: the offsets of the
+        group's first and last event and the tokens it carried (events with 0 tokens are
+        skipped).
+
+    Raises:
+        ValueError: ``offsets_s`` and ``tokens`` differ in length, or ``gap_s < 0``.
+    """
+    if len(offsets_s) != len(tokens):
+        raise ValueError(f"{len(offsets_s)} arrival offsets for {len(tokens)} token counts")
+    if gap_s < 0:
+        raise ValueError(f"gap_s must be >= 0, got {gap_s}")
+    groups: list[list] = []
+    for t, n in zip(offsets_s, tokens):
+        n = int(n)
+        if n <= 0:
+            continue
+        t = float(t)
+        if groups and t - groups[-1][1] < gap_s:
+            groups[-1][1] = t
+            groups[-1][2] += n
+        else:
+            groups.append([t, t, n])
+    return [(a, b, n) for a, b, n in groups]
+
+
 def engine_steps(offsets_s: Sequence[float], tokens: Sequence[int], gap_s: float = STEP_GAP_S,
                  k: int | None = None) -> list[int]:
     """Tokens per engine step of one stream, first and last step included.
@@ -85,7 +125,7 @@ def engine_steps(offsets_s: Sequence[float], tokens: Sequence[int], gap_s: float
         offsets_s: arrival offsets of the output events, seconds (``chunk_offsets_s``).
         tokens: tokens per event (``chunk_tokens``), same length.
         gap_s: events arriving less than ``gap_s`` seconds after the previous one join its
-            step (0: every event is one step).
+            step (0: every event is one step; :func:`arrival_groups`).
         k: ``num_speculative_tokens``; when given, a group of more than ``k + 1`` tokens
             counts as ``ceil(n / (k + 1))`` steps of ``k + 1`` tokens and a remainder.
 
@@ -95,21 +135,7 @@ def engine_steps(offsets_s: Sequence[float], tokens: Sequence[int], gap_s: float
     Raises:
         ValueError: ``offsets_s`` and ``tokens`` differ in length, or ``gap_s < 0``.
     """
-    if len(offsets_s) != len(tokens):
-        raise ValueError(f"{len(offsets_s)} arrival offsets for {len(tokens)} token counts")
-    if gap_s < 0:
-        raise ValueError(f"gap_s must be >= 0, got {gap_s}")
-    groups: list[int] = []
-    last_t: float | None = None
-    for t, n in zip(offsets_s, tokens):
-        n = int(n)
-        if n <= 0:
-            continue
-        if groups and last_t is not None and t - last_t < gap_s:
-            groups[-1] += n
-        else:
-            groups.append(n)
-        last_t = t
+    groups = [n for _a, _b, n in arrival_groups(offsets_s, tokens, gap_s)]
     if not k or k < 1:
         return groups
     out: list[int] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["GoodputConfig", "ScrapeConfig"]
+__all__ = ["GoodputConfig", "ScrapeConfig", "MetricsConfig"]
 
 
 class GoodputConfig(BaseModel):
@@ -36,3 +36,21 @@ class ScrapeConfig(BaseModel):
 
     interval_s: float = Field(0.5, gt=0, le=60)
     timeout_s: float = Field(2.0, gt=0, le=60)
+
+
+class MetricsConfig(BaseModel):
+    """How per-phase figures are computed (the ``metrics`` block of an experiment).
+
+    * ``min_samples``: a phase's latency figures (and those of a prompt-length bucket)
+      rest on this many complete requests at least; below it the summary prints ``n=K``
+      instead of percentiles and the SLO/degradation checks of that phase are not judged
+      (reported with the reason, neither passed nor failed). Default 10.
+    * ``itl_group_gap_s``: output events arriving less than this many seconds apart are
+      one arrival for ITL per token (:func:`harness.metrics.latency.itl_per_token_s`);
+      default 0.001 (1 ms), 0 = every SSE event on its own.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_samples: int = Field(10, ge=1)
+    itl_group_gap_s: float = Field(0.001, ge=0, le=1)

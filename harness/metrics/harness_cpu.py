@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import psutil
 
@@ -101,18 +101,19 @@ def load_requests(records_path: str | os.PathLike) -> int:
 
 
 class CpuMeter:
-    """Samples the load process tree's and this process's CPU seconds every ``interval_s``
+    """Samples the load processes' trees' and this process's CPU seconds every ``interval_s``
     in a daemon thread, from :meth:`start` to :meth:`stop` (call it before stopping the
     load: the last sample of a live load process is the one that counts, so the load's
     CPU up to at most ``interval_s`` before it exited is counted).
 
     Args:
-        load_pid: the load process (locust).
+        load_pid: the load process (locust), or all of them (distributed mode: the master
+            and its workers, each with its tree).
         interval_s: sampling period, seconds.
     """
 
-    def __init__(self, load_pid: int, interval_s: float = 1.0):
-        self.load_pid = load_pid
+    def __init__(self, load_pid: int | Sequence[int], interval_s: float = 1.0):
+        self.load_pids = [load_pid] if isinstance(load_pid, int) else list(load_pid)
         self.interval_s = interval_s
         self._me = psutil.Process()
         self._lock = threading.Lock()
@@ -120,8 +121,8 @@ class CpuMeter:
         self._thread: threading.Thread | None = None
         self._t0 = self._t1 = 0.0
         self._c0 = self._c1 = 0.0
-        self._l0: float | None = None
-        self._l1: float | None = None
+        self._l0: dict[int, float] = {}   # per load pid: the first and the last CPU seconds seen
+        self._l1: dict[int, float] = {}
         self._th0: dict[int, float] = {}
         self._th1: dict[int, float] = {}
         self._names: dict[int, str] = {}
@@ -137,22 +138,22 @@ class CpuMeter:
             return {}
 
     def _sample(self) -> None:
-        load = process_tree_cpu_s(self.load_pid)
+        load = {pid: cpu for pid in self.load_pids if (cpu := process_tree_cpu_s(pid)) is not None}
         threads = self._threads_s()
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         with self._lock:
             self._t1, self._c1 = time.monotonic(), self._controller_s()
             self._th1.update(threads)
             self._names.update({k: v for k, v in names.items() if k in threads})
-            if load is not None:
-                if self._l0 is None:
-                    self._l0 = load
-                self._l1 = load
+            for pid, cpu in load.items():
+                self._l0.setdefault(pid, cpu)
+                self._l1[pid] = cpu
 
     def start(self) -> "CpuMeter":
         self._t0, self._c0 = time.monotonic(), self._controller_s()
         self._th0 = self._threads_s()
-        self._l0 = self._l1 = process_tree_cpu_s(self.load_pid)
+        self._l0 = {pid: cpu for pid in self.load_pids if (cpu := process_tree_cpu_s(pid)) is not None}
+        self._l1 = dict(self._l0)
         self._t1, self._c1 = self._t0, self._c0
         self._thread = threading.Thread(target=self._run, name="harness-cpu", daemon=True)
         self._thread.start()
@@ -179,7 +180,7 @@ class CpuMeter:
     def section(self, requests: int) -> dict[str, Any]:
         """:func:`harness_cpu` over the sampled window with ``requests`` load requests."""
         with self._lock:
-            load = 0.0 if self._l0 is None or self._l1 is None else self._l1 - self._l0
+            load = sum(cpu - self._l0[pid] for pid, cpu in self._l1.items())
             threads: dict[str, float] = {}
             for tid, cpu in self._th1.items():   # threads seen alive at a sample (ended ones are lost)
                 name = self._names.get(tid, "other")

@@ -1,4 +1,5 @@
-"""Samplers of the stack's health: ``GET /health`` polled into the timeline.
+"""Samplers of the stack's health: ``GET /health`` polled into the timeline, and the dense
+recovery probes (health and a one-token generation, every 25/50 ms) around a recovery.
 
 Health alone can lie (a frozen engine still answers 200), so recovery is also judged
 from real generations in the load records; this sampler only records what ``/health``
@@ -7,14 +8,20 @@ said, when, and how fast.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from harness.clock import now
+from harness.load.client import make_client, stream_completion
+from harness.load.prompts import Prompt
+from harness.load.records import is_complete
 from harness.timeline import Timeline
 
-__all__ = ["HealthSampler"]
+__all__ = ["HealthSampler", "RecoveryProber"]
 
 
 class HealthSampler:
@@ -51,3 +58,112 @@ class HealthSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+
+
+class RecoveryProber:
+    """Dense probes around a recovery, so its instants are known to ≤ 100 ms.
+
+    ``GET /health`` every ``health_interval_s`` (default 25 ms) and a one-token streaming
+    generation every ``generation_interval_s`` (default 50 ms), each kind with at most
+    ``max_in_flight`` requests outstanding (a server that accepts and never answers gets no
+    pile of requests), from :meth:`start` until it has been :meth:`release`\\ d (every fault
+    cleared) and both a health 200 and a complete generation were *sent* after the release;
+    or at most ``max_s`` seconds.
+
+    Writes ``health`` timeline events (as :class:`HealthSampler`, with ``dense: true``) and
+    ``generation_probe`` events (``server``, ``send_time`` epoch s, ``latency_s``, ``ok``:
+    complete as :func:`harness.load.records.is_complete`, ``status``, ``error``), the event's
+    ``t`` being the probe's end. The recovery checks read both
+    (:mod:`harness.checks.recovery`).
+    """
+
+    def __init__(self, timeline: Timeline, server_name: str, health_url: str, generation_url: str, model: str,
+                 prompt: Prompt, *, health_interval_s: float = 0.025, generation_interval_s: float = 0.05,
+                 health_timeout_s: float = 0.5, generation_timeout_s: float = 5.0, max_in_flight: int = 3,
+                 max_s: float = 600.0):
+        self.timeline = timeline
+        self.server_name = server_name
+        self.health_url = health_url
+        self.generation_url = generation_url
+        self.model = model
+        self.prompt = dataclasses.replace(prompt, max_tokens=1)
+        self.health_interval_s = health_interval_s
+        self.generation_interval_s = generation_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.generation_timeout_s = generation_timeout_s
+        self.max_in_flight = max_in_flight
+        self.max_s = max_s
+        self.released_at: float | None = None
+        self._ok_after_release = {"health": False, "generation": False}
+        self._in_flight = {"health": 0, "generation": 0}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"recovery-probe-{server_name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def release(self) -> None:
+        """Every fault is cleared: stop once a health 200 and a complete generation sent
+        from now on came back."""
+        with self._lock:
+            if self.released_at is None:
+                self.released_at = now()
+
+    def done(self) -> bool:
+        with self._lock:
+            return self.released_at is not None and all(self._ok_after_release.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.generation_timeout_s + 2)
+
+    def _run(self, kind: str, client: httpx.Client) -> None:
+        try:
+            (self._health if kind == "health" else self._generation)(client)
+        finally:
+            with self._lock:
+                self._in_flight[kind] -= 1
+
+    def _note(self, kind: str, sent: float, ok: bool) -> None:
+        with self._lock:
+            if ok and self.released_at is not None and sent >= self.released_at:
+                self._ok_after_release[kind] = True
+
+    def _health(self, client: httpx.Client) -> None:
+        sent, t0 = now(), time.perf_counter()
+        try:
+            status: int | None = client.get(f"{self.health_url}/health", timeout=self.health_timeout_s).status_code
+        except httpx.HTTPError:
+            status = None
+        self.timeline.emit("health", "health", server=self.server_name, status=status,
+                           latency_s=round(time.perf_counter() - t0, 6), dense=True)
+        self._note("health", sent, status == 200)
+
+    def _generation(self, client: httpx.Client) -> None:
+        rec = stream_completion(client, self.generation_url, self.model, self.prompt,
+                                timeout_s=self.generation_timeout_s, source="probe", server=self.server_name)
+        ok = is_complete(rec)[0]
+        self.timeline.emit("health", "generation_probe", t=rec.end_time, server=self.server_name,
+                           send_time=rec.send_time, latency_s=rec.e2e_s, ok=ok, status=rec.status, error=rec.error)
+        self._note("generation", rec.send_time, ok)
+
+    def _loop(self) -> None:
+        start = time.monotonic()
+        due = {"health": start, "generation": start}
+        interval = {"health": self.health_interval_s, "generation": self.generation_interval_s}
+        with make_client(max_connections=2 * self.max_in_flight + 2) as client, \
+                ThreadPoolExecutor(max_workers=2 * self.max_in_flight, thread_name_prefix="recovery-probe") as pool:
+            while not self._stop.is_set() and not self.done() and time.monotonic() - start < self.max_s:
+                t = time.monotonic()
+                for kind in ("health", "generation"):
+                    if t < due[kind]:
+                        continue
+                    due[kind] = max(due[kind] + interval[kind], t)   # no burst to catch up
+                    with self._lock:
+                        if self._in_flight[kind] >= self.max_in_flight:
+                            continue
+                        self._in_flight[kind] += 1
+                    pool.submit(self._run, kind, client)
+                self._stop.wait(max(0.0, min(due.values()) - time.monotonic()))

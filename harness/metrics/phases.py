@@ -8,18 +8,21 @@ one starts; a phase that never started is absent.
 Metric definitions follow vLLM's serving benchmark (see :mod:`harness.metrics.latency`).
 Latency statistics use only *complete* requests
 (:func:`harness.load.records.is_complete`); a cut stream is an error, never a
-success, whatever the client's ``ok`` says.
+success, whatever the client's ``ok`` says. Requests and failures are counted once per
+logical request, unavailability as time (:mod:`harness.metrics.availability`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 from harness.load.records import RequestRecord, is_complete
-from harness.metrics.config import GoodputConfig
-from harness.metrics.latency import e2e_s, itl_per_token_s, itl_s, percentiles, tpot_s, ttft_s
+from harness.metrics.availability import overlap_s, request_counts, unavailable_intervals
+from harness.metrics.config import GoodputConfig, MetricsConfig
+from harness.metrics.latency import distribution, e2e_s, itl_per_token_s, itl_s, tpot_s, ttft_s
 
-__all__ = ["PHASES", "phase_windows", "records_in", "assign_phases", "is_good", "phase_metrics"]
+__all__ = ["PHASES", "phase_windows", "records_in", "assign_phases", "is_good", "latency_metrics", "phase_metrics"]
 
 PHASES = ("baseline", "fault", "recovery", "after")
 
@@ -116,46 +119,99 @@ def _rate(n: float, duration: float) -> float | None:
     return n / duration if duration > 0 else None
 
 
+def latency_metrics(complete: Iterable[RequestRecord], metrics: MetricsConfig | None = None) -> dict[str, Any]:
+    """The latency distributions of some complete requests, as vLLM's serving benchmark
+    defines them (:mod:`harness.metrics.latency`), seconds.
+
+    Returns:
+        ``{"complete": K, "enough_samples": K ≥ metrics.min_samples, "ttft_s", "tpot_s",
+        "itl_s" (per chunk, vLLM's ITL), "itl_per_token_s", "e2e_s"}``, each metric a
+        :func:`~harness.metrics.latency.distribution` (``n``, ``mean``, ``p50`` …
+        ``p99.9``). ``n`` counts values: requests for TTFT and E2E, requests with more
+        than one output token for TPOT, gaps for ITL, tokens after the first arrival for
+        ITL per token; ``complete`` is the number of requests they rest on.
+    """
+    cfg = metrics or MetricsConfig()
+    complete = list(complete)
+    return {
+        "complete": len(complete),
+        "enough_samples": len(complete) >= cfg.min_samples,
+        "ttft_s": distribution(ttft_s(r) for r in complete),
+        "tpot_s": distribution(tpot_s(r) for r in complete),
+        "itl_s": distribution(v for r in complete for v in itl_s(r)),
+        "itl_per_token_s": distribution(v for r in complete for v in itl_per_token_s(r, cfg.itl_group_gap_s)),
+        "e2e_s": distribution(e2e_s(r) for r in complete),
+    }
+
+
 def phase_metrics(
     records: Iterable[RequestRecord], start: float, end: float, goodput: GoodputConfig | None = None,
-    members: Iterable[RequestRecord] | None = None,
+    members: Iterable[RequestRecord] | None = None, metrics: MetricsConfig | None = None,
 ) -> dict[str, Any]:
-    """Metrics of one phase window ``[start, end)`` (epoch seconds).
+    """Metrics of one phase window ``[start, end)`` (epoch seconds), one server's requests.
 
     Args:
-        records: every load record of the run (the window is applied here).
+        records: every load record of the run for one server (the window is applied
+            here; unavailability and the later tries of a logical request are found in it).
         start, end: the phase window (see :func:`phase_windows`).
         goodput: per-request limits for goodput; ``None`` or no limit set leaves
             ``goodput_rps`` as None (as vLLM without ``--goodput``).
-        members: the requests this phase answers for (see :func:`assign_phases`);
+        members: the tries this phase answers for (see :func:`assign_phases`);
             default: those sent inside the window (:func:`records_in`).
+        metrics: ``min_samples`` and the ITL-per-token grouping gap (defaults of
+            :class:`~harness.metrics.config.MetricsConfig` when None).
 
     Returns:
         A dict (seconds unless named otherwise)::
 
             start, end, duration_s
-            requests          the phase's requests (``members``)
-            complete          of those, complete (is_complete)
-            errors            of those, not complete
+            requests          logical (user-visible) requests whose first try is a member
+                              (:func:`harness.metrics.availability.request_counts`)
+            errors            of those, failed: their last try is not complete
             error_rate        errors / requests (None without requests)
+            retried           of ``requests``, those tried more than once
+            tries             the phase's tries (``members``), each HTTP request once
+            failed_tries      of those, not complete
+            complete          of the tries, complete (is_complete): the latency figures' n
+            unavailable_s     seconds of the window in which the server refused or failed
+                              every request (harness.metrics.availability)
+            min_samples, enough_samples   ``complete`` ≥ ``min_samples``: below it the
+                              figures are printed as ``n=K`` and not judged
             ttft_s, tpot_s, e2e_s, itl_s (per chunk, vLLM's ITL), itl_per_token_s:
-                              {"p50","p95","p99"} over the phase's complete requests
+                              {"n","mean","p50","p90","p95","p99","p99.9"} over the
+                              phase's complete tries (:func:`latency_metrics`)
+            latency_window    where those figures come from: {"first_send", "last_send"}
+                              (epoch, the complete tries' sends), "outage_start",
+                              "outage_end" (the last unavailability interval that
+                              overlaps the window, None if none; end None while it
+                              lasts) and "sent_after_outage_start" (complete tries sent
+                              at or after its start: a request sent into an outage that
+                              completed was served once the server was back) — a
+                              killed server completes nothing while it is down, so a
+                              fault phase's latencies describe the server before the
+                              kill or after it came back
+            buckets           {prompt_class: latency_metrics + "tries"} per prompt-length
+                              bucket of the phase's tries
             output_tokens     tokens of complete requests whose chunk ARRIVED in the window
                               (any send time: send_time + chunk_offsets_s)
-            output_tokens_per_s   output_tokens / duration
-            request_throughput_rps  complete requests / duration (vLLM's request throughput)
-            goodput_rps       complete requests meeting every per-request goodput limit
+            output_tokens_per_s   output_tokens / duration (tokens arriving in the window)
+            total_output_tokens   Σ usage.completion_tokens of the phase's complete tries
+            output_throughput_tps total_output_tokens / duration (vLLM's output token
+                              throughput over the phase)
+            request_throughput_rps  complete tries / duration (vLLM's request throughput)
+            goodput_rps       complete tries meeting every per-request goodput limit
                               / duration (vLLM's request goodput); None without limits
             mean_tokens_per_chunk   output tokens / output chunks over the phase's
                               complete requests (> 1 means speculative bundling)
 
         Rates are None for an empty window (``end ≤ start``).
     """
+    cfg = metrics or MetricsConfig()
     records = list(records)
     duration = float(end - start)
     sent = records_in(records, start, end) if members is None else list(members)
     complete = [r for r in sent if is_complete(r)[0]]
-    errors = len(sent) - len(complete)
+    counts = request_counts(sent, records)
 
     tokens = 0
     for r in records:
@@ -165,25 +221,50 @@ def phase_metrics(
             if start <= r.send_time + off < end:
                 tokens += k
 
+    ids = {r.request_id for r in records}
+    intervals = unavailable_intervals([*records, *(r for r in sent if r.request_id not in ids)])
+    overlapping = [(a, b) for a, b in intervals if a < end and b > start]
+    outage = overlapping[-1] if overlapping else None
+    sends = [r.send_time for r in complete]
+
+    by_bucket: dict[str, list[RequestRecord]] = {}
+    for r in sent:
+        by_bucket.setdefault(r.prompt_class or "unknown", []).append(r)
+    buckets = {b: {"tries": len(rs), **latency_metrics((r for r in rs if is_complete(r)[0]), cfg)}
+               for b, rs in sorted(by_bucket.items())}
+
     chunks = sum(len(r.chunk_tokens) for r in complete)
     ctoks = sum(sum(r.chunk_tokens) for r in complete)
+    total_out = sum(int(r.output_tokens or 0) for r in complete)
     good = sum(1 for r in complete if is_good(r, goodput)) if goodput is not None and goodput.enabled else None
+    lat = latency_metrics(complete, cfg)
 
     return {
         "start": float(start),
         "end": float(end),
         "duration_s": duration,
-        "requests": len(sent),
+        "requests": counts["requests"],
+        "errors": counts["failed"],
+        "error_rate": counts["failed"] / counts["requests"] if counts["requests"] else None,
+        "retried": counts["retried"],
+        "tries": counts["tries"],
+        "failed_tries": counts["failed_tries"],
         "complete": len(complete),
-        "errors": errors,
-        "error_rate": errors / len(sent) if sent else None,
-        "ttft_s": percentiles(ttft_s(r) for r in complete),
-        "tpot_s": percentiles(tpot_s(r) for r in complete),
-        "itl_s": percentiles(v for r in complete for v in itl_s(r)),
-        "itl_per_token_s": percentiles(v for r in complete for v in itl_per_token_s(r)),
-        "e2e_s": percentiles(e2e_s(r) for r in complete),
+        "unavailable_s": overlap_s(intervals, start, end),
+        "min_samples": cfg.min_samples,
+        **{k: v for k, v in lat.items() if k != "complete"},
+        "latency_window": {
+            "first_send": min(sends) if sends else None,
+            "last_send": max(sends) if sends else None,
+            "outage_start": None if outage is None else outage[0],
+            "outage_end": None if outage is None or math.isinf(outage[1]) else outage[1],
+            "sent_after_outage_start": 0 if outage is None else sum(1 for t in sends if t >= outage[0]),
+        },
+        "buckets": buckets,
         "output_tokens": tokens,
         "output_tokens_per_s": _rate(tokens, duration),
+        "total_output_tokens": total_out,
+        "output_throughput_tps": _rate(total_out, duration),
         "request_throughput_rps": _rate(len(complete), duration),
         "goodput_rps": None if good is None else _rate(good, duration),
         "mean_tokens_per_chunk": ctoks / chunks if chunks else None,

@@ -19,9 +19,11 @@ from harness.checks.config import CheckLimits
 from harness.checks.fault import method_skipped
 from harness.checks.registry import CHECKS
 from harness.checks.run import load_run
+from harness.checks.safeguards import ABORT_PREFIX, abort_event
 from harness.checks.verdict import verdict
 from harness.clock import now
-from harness.load.records import is_complete, unreadable_lines
+from harness.load.records import is_complete, record_files, unreadable_lines
+from harness.metrics.availability import last_try, tries_by_logical
 from harness.report.json_report import build_report, jsonable
 from harness.timeline import count_restarts, server_events
 
@@ -34,10 +36,15 @@ __all__ = ["judge", "judge_run", "NO_FAULT_ERROR", "NO_FAULT_BEFORE_INTERRUPT"]
 log = logging.getLogger(__name__)
 
 
-def _run_errors(run: RecordedRun, errors: list[str], interrupted: bool, skipped: bool) -> list[str]:
+def _run_errors(run: RecordedRun, errors: list[str], interrupted: bool, skipped: bool,
+                aborted: bool = False) -> list[str]:
     """The run errors: the runner's, plus a missing fault or a fault without evidence
-    (after an interruption, named as its consequence rather than the fault's failure)."""
+    (after an interruption, named as its consequence rather than the fault's failure;
+    after a safeguard's abort, not an error: the abort cut the evidence short, and an
+    activity that ended because of the abort is no error either)."""
     out = list(errors)
+    if aborted:
+        return [e for e in out if ABORT_PREFIX not in e]
     if not run.faults and not skipped:
         out.append(NO_FAULT_BEFORE_INTERRUPT if interrupted else NO_FAULT_ERROR)
     for f in run.faults:
@@ -63,7 +70,8 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
             into the report.
 
     Returns:
-        The report dict. Verdict ``"error"`` on a run error, an interruption, no fault
+        The report dict. Verdict ``"aborted"`` when a safeguard stopped the method (and no
+        run error besides), ``"error"`` on a run error, an interruption, no fault
         (unless Chaos Toolkit skipped the method after a missed hypothesis, which is a
         failed steady-state check), or a fault without evidence; ``"fail"`` if a check
         failed; else ``"pass"``.
@@ -82,16 +90,19 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
             log.exception("check family %s raised", family.name)
             broken.append(f"check family '{family.name}' raised {type(exc).__name__}: {exc}")
     if run.run_dir is not None:   # recorded data that cannot be read is lost data: never skipped silently
-        for name in ("records.jsonl", "reference.jsonl"):
-            bad = unreadable_lines(run.run_dir / name)
+        for f in [*record_files(run.run_dir / "records.jsonl"), run.run_dir / "reference.jsonl"]:
+            name = f.name   # records.worker<i>.jsonl too (distributed load)
+            bad = unreadable_lines(f)
             if bad:
                 broken.append(f"{name}: {len(bad)} line(s) are not request records (line {', '.join(map(str, bad[:5]))}"
                               f"{', ...' if len(bad) > 5 else ''}); they were not judged")
-    errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken, interrupted, skipped)
+    aborted = abort_event(run.events) is not None
+    errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken, interrupted, skipped, aborted)
     fault_acted = (bool(run.faults) or skipped) and all(f["acted"] for f in run.faults)
-    v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted)
+    v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted, aborted=aborted)
     records = run.records
     n_ok = sum(1 for r in records if is_complete(r)[0])
+    logical = tries_by_logical(records)
     report = build_report(
         experiment=str(meta.get("experiment") or (run.run_dir.name if run.run_dir else "experiment")),
         verdict=v,
@@ -100,7 +111,8 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
         phases=run.phases,
         checks=checks,
         requests={"total": len(records), "ok": n_ok, "failed": len(records) - n_ok,
-                  "client_ok": sum(1 for r in records if r.ok)},
+                  "client_ok": sum(1 for r in records if r.ok), "logical": len(logical),
+                  "logical_failed": sum(1 for ts in logical.values() if not is_complete(last_try(ts))[0])},
         restarts=count_restarts(run.events, "spec"),
         errors=errors,
         **sections,
@@ -116,7 +128,8 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
         report["method_skipped"] = "steady-state hypothesis not met before the method"
     for k, val in meta.items():  # anything else the runner knows (e.g. "source")
         report.setdefault(k, jsonable(val))
-    log.debug("judged: %s (%d checks, %d failed)", v, len(checks), sum(not c.passed for c in checks))
+    log.debug("judged: %s (%d checks, %d failed, %d not judged)", v, len(checks), sum(c.failed for c in checks),
+              sum(not c.judged for c in checks))
     return report
 
 

@@ -1,11 +1,16 @@
 """A readable terminal summary of a report (rich tables).
 
-Verdict line, per-phase table (requests, errors, p50/p95 TTFT, TPOT, ITL per chunk, E2E
-in milliseconds, output tokens/s, tokens per engine step = mean acceptance length), the
+Verdict line; per phase, requests and availability (logical requests, failed ones,
+tries, seconds unavailable, output tokens/s, goodput, tokens per engine step = mean
+acceptance length); per phase, latency in milliseconds (p50/p95 of TTFT, TPOT, ITL per
+chunk, ITL per token, E2E, with ``n`` the complete requests they rest on; ``n=K`` instead
+of percentiles below ``metrics.min_samples``, and where a phase's figures come from when
+they were sent after an outage inside it); the same per prompt-length bucket; the
 client-side acceptance per prompt bucket × sampling class × phase, speculative decoding per server and phase as vLLM's
 ``/metrics`` counted it (acceptance rate, mean acceptance length, per-position acceptance)
 with each server's RSS swing, recovery times, integrity counts, then every check
-with PASS/FAIL and observed vs limit, failed first. Reads only the report dict.
+with PASS/FAIL (or N/J: not judged, with the reason) and observed vs limit, failed first,
+then not judged. Reads only the report dict.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from rich.text import Text
 __all__ = ["render_summary", "print_summary"]
 
 _PHASES = ("baseline", "fault", "recovery", "after")
-_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yellow"}
+_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "aborted": "bold red", "error": "bold yellow"}
 
 
 def _ms(v: Any) -> str:
@@ -58,33 +63,150 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     req = report.get("requests") or {}
     if req:
         t.append(f"   requests: {req.get('total', 0)} total, {req.get('ok', 0)} complete, {req.get('failed', 0)} failed")
+        if req.get("logical") is not None and req.get("logical") != req.get("total"):
+            t.append(f" ({req['logical']} logical requests, {req.get('logical_failed', 0)} failed after retries)")
+    workload = workload_line(report.get("load"))
+    if workload:
+        t.append("\n" + workload, style="dim")
     for e in report.get("errors") or []:
         t.append(f"\nerror: {e}", style="yellow")
     if report.get("interrupted"):
         t.append("\ninterrupted", style="yellow")
+    ab = (report.get("safeguards") or {}).get("abort")
+    if ab:
+        lat = ab.get("detection_latency_s")
+        t.append(f"\n{ab.get('reason')}", style="bold red")
+        t.append(f" (detection latency {'—' if lat is None else f'{lat:.2f} s'} beyond for_s"
+                 + (f", {ab['fault_to_abort_s']:.2f} s after the fault" if ab.get("fault_to_abort_s") is not None
+                    else "") + "; rollbacks ran)", style="red")
     return t
 
 
+def workload_line(load: Any) -> str:
+    """One line for ``report["load"]`` (:func:`harness.load.profiles.load_section`): the
+    profile, the retry policy and the plan digest (first 16 hex digits); ``""`` if absent."""
+    if not isinstance(load, dict):
+        return ""
+    p = load.get("profile") or {}
+    if p.get("kind") == "open":
+        what = f"open loop {_num(p.get('rate'))} req/s, burstiness {_num(p.get('burstiness'))}, " \
+               f"max in flight {p.get('max_in_flight')}"
+    else:
+        what = f"closed loop {p.get('users')} users"
+    if p.get("ramp") or p.get("steps"):
+        what += f" (ramp{'' if p.get('ramp') else ' none'}, {len(p.get('steps') or [])} steps)"
+    r = load.get("retry") or {}
+    if r.get("max_retries"):
+        retry = (f"retry {r.get('backoff')} {_num(r.get('initial_s'))}..{_num(r.get('max_s'))} s "
+                 f"x{r.get('max_retries')}, jitter {r.get('jitter')}")
+    else:
+        retry = "no retries"
+    ol = load.get("open_loop") or {}
+    dropped = f"; {ol.get('dropped', 0)}/{ol.get('arrivals', 0)} arrivals dropped" if ol else ""
+    return f"workload: {what}; {retry}{dropped}; seed {load.get('seed')}, plan {str(load.get('plan_digest', ''))[:16]}"
+
+
+def _enough(m: dict[str, Any]) -> bool:
+    """Whether a phase's (or bucket's) latency figures rest on enough requests; reports
+    written before ``enough_samples`` existed count as enough."""
+    return m.get("enough_samples", True) is not False
+
+
+def _lat(m: dict[str, Any], key: str) -> str:
+    """``p50/p95`` in ms of one latency metric, or ``n=K`` when the figures rest on fewer
+    than ``metrics.min_samples`` complete requests."""
+    if not _enough(m):
+        return f"n={m.get('complete', 0)}"
+    d = m.get(key) or {}
+    return f"{_ms(d.get('p50'))}/{_ms(d.get('p95'))}"
+
+
 def _phase_table(report: dict[str, Any]) -> Table:
-    tab = Table(title="phases (latencies in ms, p50/p95)", title_justify="left")
-    for col in ("phase", "requests", "errors", "TTFT", "TPOT", "ITL/chunk", "E2E", "tokens/s", "tok/step"):
+    """Per phase: requests (logical), failed, tries, seconds unavailable, tokens/s, goodput, tok/step."""
+    tab = Table(title="phases: requests and availability", title_justify="left")
+    for col in ("phase", "s", "requests", "failed", "tries", "unavailable s", "tokens/s", "goodput/s", "tok/step"):
         tab.add_column(col, justify="left" if col == "phase" else "right")
     phases = report.get("phases") or {}
     for ph in _PHASES:
         m = phases.get(ph)
         if m is None:
-            tab.add_row(ph, "—", "—", "—", "—", "—", "—", "—", "—", style="dim")
+            tab.add_row(ph, *["—"] * 8, style="dim")
             continue
-
-        def pp(key: str) -> str:
-            d = m.get(key) or {}
-            return f"{_ms(d.get('p50'))}/{_ms(d.get('p95'))}"
-
-        tps, tpc = m.get("output_tokens_per_s"), _tokens_per_step(report, ph)
-        tab.add_row(ph, str(m.get("requests", 0)), str(m.get("errors", 0)), pp("ttft_s"), pp("tpot_s"),
-                    pp("itl_s"), pp("e2e_s"), "—" if tps is None else f"{tps:.1f}",
+        tps, tpc, gp, un = (m.get("output_tokens_per_s"), _tokens_per_step(report, ph), m.get("goodput_rps"),
+                            m.get("unavailable_s"))
+        dur = m.get("duration_s")
+        tab.add_row(ph, "—" if dur is None else f"{dur:.1f}", str(m.get("requests", 0)), str(m.get("errors", 0)),
+                    str(m.get("tries", m.get("requests", 0))), "—" if un is None else f"{un:.2f}",
+                    "—" if tps is None else f"{tps:.1f}", "—" if gp is None else f"{gp:.2f}",
                     "—" if tpc is None else f"{tpc:.2f}")
     return tab
+
+
+def _window_notes(report: dict[str, Any]) -> list[str]:
+    """Where a phase's latency figures come from, when an outage began inside the phase and
+    requests sent after it began are among them: a killed server completes nothing while
+    down, so such figures describe the server after it came back (or mix both)."""
+    notes = []
+    for ph in _PHASES:
+        m = (report.get("phases") or {}).get(ph) or {}
+        w = m.get("latency_window") or {}
+        after, n, t0 = w.get("sent_after_outage_start") or 0, m.get("complete") or 0, m.get("start")
+        a, b = w.get("outage_start"), w.get("outage_end")
+        if not after or a is None or t0 is None or a < t0:
+            continue
+        ended = "it lasted to the phase's end" if b is None else f"ended +{b - t0:.1f} s"
+        notes.append(f"{ph}: {after} of the {n} complete requests were sent after the outage began "
+                     f"(+{a - t0:.1f} s into the phase; {ended}): "
+                     + ("the figures describe the server after it came back" if after == n
+                        else "the figures mix the server before and after the outage"))
+    return notes
+
+
+def _latency_table(report: dict[str, Any]) -> Table:
+    """Per phase: p50/p95 in ms of TTFT, TPOT, ITL per chunk and per token, E2E, and n."""
+    tab = Table(title="phases: latency (ms, p50/p95 over n complete requests)", title_justify="left")
+    for col in ("phase", "n", "TTFT", "TPOT", "ITL/chunk", "ITL/token", "E2E"):
+        tab.add_column(col, justify="left" if col == "phase" else "right")
+    phases = report.get("phases") or {}
+    for ph in _PHASES:
+        m = phases.get(ph)
+        if m is None:
+            tab.add_row(ph, *["—"] * 6, style="dim")
+            continue
+        tab.add_row(ph, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
+                    style=None if _enough(m) else "dim")
+    return tab
+
+
+def _latency_notes(report: dict[str, Any]) -> Text | None:
+    """What ``n=K`` means, and where thin or mixed latency figures come from."""
+    phases = report.get("phases") or {}
+    thin = [ph for ph in _PHASES if ph in phases and not _enough(phases[ph])]
+    notes = []
+    if thin:
+        k = next((phases[ph].get("min_samples") for ph in thin if phases[ph].get("min_samples")), None)
+        notes.append(f"n=K: fewer than {k or 'metrics.min_samples'} complete requests "
+                     f"({', '.join(thin)}): no percentile printed, latency checks not judged")
+    notes += _window_notes(report)
+    return Text("\n".join(notes), style="dim") if notes else None
+
+
+def _bucket_table(report: dict[str, Any]) -> Table | None:
+    """Per phase × prompt-length bucket: n and p50/p95 in ms (``n=K`` below the minimum)."""
+    phases = report.get("phases") or {}
+    if not any((phases.get(ph) or {}).get("buckets") for ph in _PHASES):
+        return None
+    tab = Table(title="latency per prompt-length bucket in ms (p50/p95)", title_justify="left")
+    for col in ("phase", "bucket", "n", "TTFT", "TPOT", "ITL/chunk", "ITL/token", "E2E"):
+        tab.add_column(col, justify="left" if col in ("phase", "bucket") else "right")
+    for ph in _PHASES:
+        for bucket, m in ((phases.get(ph) or {}).get("buckets") or {}).items():
+            tab.add_row(ph, bucket, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
+                        style=None if _enough(m) else "dim")
+    return tab
+
+
+_LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "itl_per_token_s", "e2e_s")
 
 
 def _tokens_per_step(report: dict[str, Any], phase: str) -> float | None:
@@ -135,6 +257,8 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
                        ("time_to_slo_s", "time to SLO")):
         v = rec.get(key)
         tab.add_row(label, "never" if v is None else f"{v:.2f} s")
+    if rec.get("resolution_s") is not None:
+        tab.add_row("recovery resolution", f"{rec['resolution_s'] * 1000:.0f} ms")
     integ = report.get("integrity") or {}
     for key in ("compared", "mismatched", "malformed", "false_success", "not_comparable"):
         if key in integ:
@@ -153,15 +277,17 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
 
 
 def _checks_table(report: dict[str, Any]) -> Table:
-    tab = Table(title="checks (failed first)", title_justify="left")
+    tab = Table(title="checks (failed first; N/J = not judged, neither passed nor failed)", title_justify="left")
     for col in ("", "check", "observed", "limit", "detail"):
         tab.add_column(col, overflow="fold")
     checks = list(report.get("checks") or [])
-    checks.sort(key=lambda c: bool(c.get("passed")))  # stable: failed first, order kept
+    rank = {False: 0, None: 1, True: 2}
+    checks.sort(key=lambda c: rank[None if c.get("passed") is None else bool(c.get("passed"))])  # stable
     for c in checks:
-        ok = bool(c.get("passed"))
-        tab.add_row(Text("PASS", style="green") if ok else Text("FAIL", style="bold red"), str(c.get("name")),
-                    _num(c.get("observed")), _num(c.get("limit")), str(c.get("detail") or ""))
+        p = c.get("passed")
+        mark = (Text("N/J", style="yellow") if p is None else Text("PASS", style="green") if p
+                else Text("FAIL", style="bold red"))
+        tab.add_row(mark, str(c.get("name")), _num(c.get("observed")), _num(c.get("limit")), str(c.get("detail") or ""))
     return tab
 
 
@@ -225,7 +351,14 @@ def _speculation_table(report: dict[str, Any]) -> Table | None:
 
 def render_summary(report: dict[str, Any]) -> RenderableType:
     """The summary of a report as one rich renderable (a :class:`rich.console.Group`)."""
-    parts: list[RenderableType] = [_verdict_line(report), _phase_table(report), _acceptance_table(report)]
+    parts: list[RenderableType] = [_verdict_line(report), _phase_table(report), _latency_table(report)]
+    notes = _latency_notes(report)
+    if notes is not None:
+        parts.append(notes)
+    bucket = _bucket_table(report)
+    if bucket is not None:
+        parts.append(bucket)
+    parts.append(_acceptance_table(report))
     for optional in (_speculation_table(report), _mirror_table(report)):
         if optional is not None:
             parts.append(optional)

@@ -77,3 +77,25 @@ def test_with_several_faults_fail_fast_is_judged_at_the_kill():
     assert fail_fast.section(run)["judged_at"] == KILL and fail_fast.section(run)["in_flight"] == 1
     only_hog = recorded_run([make_record(send_time=999.9, ttft=0.05)], [], events[:1], SpecchaosConfig())
     assert fail_fast.judged_at(only_hog) == FAULT
+
+
+def test_a_kill_is_judged_from_when_it_began_to_act():
+    """A fast server fails the requests it held within milliseconds of the signal, before
+    the injection is recorded: those requests are judged (from ``acting_at``), not lost
+    into "nothing in flight"."""
+    from harness.checks import fail_fast
+    from harness.checks.run import recorded_run
+    from harness.experiment.config import SpecchaosConfig
+    from tests.factories import ev
+
+    events = [ev(FAULT + 0.02, "fault_injected", source="fault", fault_id="k", kind="process-kill",
+                 target="spec/worker", recovery_from="injected", acting_at=FAULT)]
+    failed_at_once = fail(send_time=FAULT - 0.3, after_s=0.31)       # ended 10 ms after the signal
+    run = recorded_run([failed_at_once], [], events, SpecchaosConfig())
+    assert fail_fast.judged_at(run) == FAULT
+    c = by_name(fail_fast.check(run))
+    assert c["fail_fast.hung"].passed and c["fail_fast.error_latency_s"].passed
+    assert c["fail_fast.error_latency_s"].observed == pytest.approx(0.01)
+    legacy = [dict(events[0])]
+    del legacy[0]["acting_at"]      # a timeline written before acting_at: judged at the recorded injection
+    assert fail_fast.judged_at(recorded_run([failed_at_once], [], legacy, SpecchaosConfig())) == FAULT + 0.02

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.checks.recovery import first_slo_window_end, recovery_checks, recovery_times, time_to_healthy
+from harness.checks.recovery import first_slo_window_end, recovery_checks, recovery_times, resolution, time_to_healthy
 from harness.checks.config import RecoveryConfig
 from tests.factories import ev, fail, make_record
 
@@ -91,7 +91,7 @@ def test_window_needs_baseline_data():
 
 
 def test_window_e2e_over_tolerance_fails():
-    recs = [make_record(send_time=1010 + i * 0.1, tail_s=2.5) for i in range(5)]  # e2e ~2.75 > 2.0
+    recs = [make_record(send_time=1010 + i * 0.1, gaps=[0.9] * 3) for i in range(5)]  # e2e 2.8 > 2.0
     assert first_slo_window_end(recs, FAULT, BASE, RC) is None
 
 
@@ -146,3 +146,61 @@ def test_recovery_too_slow_fails_against_limits():
     assert checks["recovery.time_to_first_success_s"].passed
     assert not checks["recovery.time_to_slo_s"].passed
     assert checks["recovery.time_to_slo_s"].limit == 60
+
+
+# --------------------------------------------------------------- resolution (dense probes)
+
+def _outage(step_health: float, step_gen: float, back: float = 1030.0) -> tuple[list, list]:
+    """Health sampled every ``step_health`` s and a one-token probe every ``step_gen`` s
+    from the kill at 1000 s; the server answers again from ``back``."""
+    evs, t = [], FAULT + step_health
+    while t < back + 1:
+        evs.append(health(round(t, 6), 200 if t >= back else None))
+        t += step_health
+    t = FAULT + step_gen
+    while t < back + 1:
+        ok = t >= back
+        evs.append(ev(round(t + (0.02 if ok else 0.001), 6), "generation_probe", source="health", server="spec",
+                      send_time=round(t, 6), ok=ok, status=200 if ok else None, error=None if ok else "connect"))
+        t += step_gen
+    return [], evs
+
+
+def test_dense_probes_resolve_the_recovery_to_100_ms_and_sparse_ones_do_not():
+    records, dense = _outage(0.025, 0.05)
+    res = resolution(records, dense, FAULT)
+    assert res["time_to_healthy_s"] <= 0.025 + 1e-6 and res["time_to_first_success_s"] <= 0.05 + 1e-6
+    assert res["resolution_s"] <= 0.1
+    times = recovery_times(records, dense, FAULT, BASE, RC)
+    assert times["time_to_first_success_s"] == pytest.approx(30.02, abs=0.06)   # a probe counts as a success
+    # the regular 4 Hz health sampler and a load retrying once a second resolve far worse
+    _, sparse = _outage(0.25, 1.0)
+    res = resolution([], sparse, FAULT)
+    assert res["resolution_s"] > 0.1 and res["time_to_first_success_s"] == pytest.approx(0.999, abs=0.01)
+
+
+def test_resolution_is_none_without_a_transition():
+    evs = [health(1001, 200), health(1002, 200)]
+    assert resolution([make_record(send_time=1001)], evs, FAULT) == {
+        "time_to_healthy_s": None, "time_to_first_success_s": None, "resolution_s": None}
+
+
+def test_load_failures_before_the_first_success_bound_its_resolution():
+    recs = [fail(send_time=1001.0, after_s=0.01, error="connect", status=None),
+            fail(send_time=1029.9, after_s=0.01, error="connect", status=None),
+            make_record(send_time=1029.96)]
+    res = resolution(recs, [], FAULT)
+    assert res["time_to_first_success_s"] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_probes_waiting_in_a_backlog_watch_the_server_until_it_answers():
+    # refused until 1030.0; then the port listens but answers only from 1030.4: probes sent
+    # every 25 ms meanwhile wait and all get their 200 at 1030.4 — the instant is pinned
+    evs = [ev(1029.0 + k * 0.025, "health", source="health", server="spec", status=None, latency_s=0.001)
+           for k in range(41)]
+    evs += [ev(1030.4, "health", source="health", server="spec", status=200, latency_s=1030.4 - s)
+            for s in (1030.02, 1030.045, 1030.07)]
+    assert resolution([], evs, FAULT)["time_to_healthy_s"] == pytest.approx(0.02, abs=1e-6)
+    # without the waiting probes (answered one by one at 4 Hz) the doubt is the whole 0.4 s
+    sparse = evs[:41] + [ev(1030.4, "health", source="health", server="spec", status=200, latency_s=0.001)]
+    assert resolution([], sparse, FAULT)["time_to_healthy_s"] == pytest.approx(0.399, abs=1e-6)

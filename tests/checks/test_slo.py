@@ -145,3 +145,57 @@ def test_fault_phase_degradation_is_judged_only_when_its_limit_is_set():
     del phases["fault"]
     gone = by_name(slo_checks(phases, SLO, bounded))["degradation.fault_vs_baseline.e2e_p95_ratio"]
     assert not gone.passed and "no data in fault" in gone.detail
+
+
+def with_complete(m, k):
+    return {**m, "complete": k}
+
+
+def test_a_phase_with_one_request_is_not_judged_neither_passed_nor_failed():
+    phases = healthy()
+    # the case: one complete request, p50 = p95 = 1.865 s, far over the 0.5 s SLO
+    phases["after"] = with_complete(phase(requests=1, ttft=1.865, e2e=1.865), 1)
+    phases["baseline"] = with_complete(phase(), 40)
+    c = by_name(slo_checks(phases, SLO, DEG, min_samples=10))
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        x = c[f"slo.after.{m}_p95_s"]
+        assert x.passed is None and not x.judged and not x.failed
+        assert x.detail == (f"not judged: after p95 {m.upper()} (s) rests on 1 complete request in phase 'after' "
+                            "(< metrics.min_samples 10)")
+    assert c["slo.after.ttft_p95_s"].observed == pytest.approx(1.865)
+    for m in ("ttft", "tpot", "e2e"):   # a ratio with a thin side is not judged either
+        assert c[f"degradation.after_vs_baseline.{m}_p95_ratio"].passed is None
+    # error rate and coverage rest on requests, not on a percentile: still judged
+    assert c["slo.after.error_rate"].passed is True and c["coverage.after.requests"].passed is False
+    # the baseline, with 40 requests, is judged as before
+    assert c["slo.baseline.ttft_p95_s"].passed is True
+
+
+def test_at_the_minimum_a_phase_is_judged_and_a_defect_fails():
+    phases = healthy()
+    phases["after"] = with_complete(phase(ttft=1.865), 10)
+    c = by_name(slo_checks(phases, SLO, DEG, min_samples=10))
+    assert c["slo.after.ttft_p95_s"].passed is False and c["slo.after.ttft_p95_s"].observed == pytest.approx(1.865)
+    assert c["degradation.after_vs_baseline.ttft_p95_ratio"].passed is False
+
+
+def test_a_thin_baseline_leaves_the_ratios_not_judged_and_no_request_still_fails():
+    phases = healthy()
+    phases["baseline"] = with_complete(phase(), 3)
+    c = by_name(slo_checks(phases, SLO, DEG, min_samples=10))
+    r = c["degradation.after_vs_baseline.ttft_p95_ratio"]
+    assert r.passed is None and "phase 'baseline'" in r.detail and r.observed == pytest.approx(1.25)
+    # zero complete requests is not "too few": nothing was measured where something must be
+    phases["after"] = with_complete(phase(requests=2, errors=2, ttft=None, tpot=None, itl=None, e2e=None), 0)
+    c = by_name(slo_checks(phases, SLO, DEG, min_samples=10))
+    assert c["slo.after.ttft_p95_s"].passed is False and c["slo.after.ttft_p95_s"].observed is None
+
+
+def test_the_fault_phase_degradation_on_few_requests_is_not_judged():
+    phases = healthy()
+    phases["baseline"] = with_complete(phase(), 40)
+    phases["fault"] = with_complete(phase(requests=1009, errors=1005, ttft=0.104), 4)
+    bounded = DegradationConfig(fault_vs_baseline_max_ratio=0.1, after_vs_baseline_max_ratio=1.5)
+    c = by_name(slo_checks(phases, SLO, bounded, min_samples=10))
+    assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].passed is None
+    assert "rests on 4 complete requests in phase 'fault'" in c["degradation.fault_vs_baseline.ttft_p95_ratio"].detail

@@ -294,6 +294,27 @@ def test_sampling_class_with_top_p_out_of_range(tmp_path, no_new_processes):
                                                                                  "top_p": 1.5}]
     res = cli("validate", str(write(tmp_path, d)))
     assert_one_line_error(res, "configuration.specchaos.load.sampling.1.top_p")
+
+
+@pytest.mark.parametrize("workers, needles", [
+    (3, ("configuration.specchaos.load", "workers (3) exceeds users (2)")),
+    (-1, ("configuration.specchaos.load.workers",)),
+])
+def test_bad_load_workers(tmp_path, no_new_processes, workers, needles):
+    d = doc()
+    d["configuration"]["specchaos"]["load"].update(users=2, workers=workers)
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, *needles)
+
+
+@pytest.mark.parametrize("profile", [{"kind": "open", "rate": 4}, {"steps": [{"at_s": 5, "users": 3}]}])
+def test_workers_with_an_open_loop_or_shaped_profile_are_refused(tmp_path, no_new_processes, profile):
+    d = doc()
+    d["configuration"]["specchaos"]["load"].update(users=2, workers=2, profile=profile)
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.load", "leave workers at 0")
+
+
 @pytest.mark.parametrize("block,field,value", [
     ("speculation", "collapse_max_drop", 1.5),
     ("speculation", "window_s", 0),
@@ -305,3 +326,46 @@ def test_bad_speculation_memory_and_scrape_limits(tmp_path, no_new_processes, mo
     d["configuration"]["specchaos"][block] = {field: value}
     res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, f"configuration.specchaos.{block}.{field}")
+
+
+@pytest.mark.parametrize("profile, field, needle", [
+    ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst", "Extra inputs are not permitted"),
+    ({"kind": "open", "rate": 0}, "load.profile.rate", "greater than 0"),
+    ({"kind": "open", "rate": -2}, "load.profile.rate", "greater than 0"),
+    ({"kind": "open", "rate": 4, "burstiness": 0}, "load.profile.burstiness", "greater than 0"),
+    ({"kind": "open", "rate": 4, "steps": [{"at_s": 5, "users": 3}]}, "load.profile",
+     "steps[0] of a open-loop profile needs rate"),
+])
+def test_bad_workload_profile(tmp_path, no_new_processes, profile, field, needle):
+    d = doc()
+    d["configuration"]["specchaos"]["load"]["profile"] = profile
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, f"configuration.specchaos.{field}", needle)
+    assert not (tmp_path / "o" / "records.jsonl").exists()
+
+
+def test_bad_retry_policy(tmp_path, no_new_processes):
+    d = doc()
+    d["configuration"]["specchaos"]["load"]["retry"] = {"max_retries": 2, "jitter": "sometimes"}
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos.load.retry.jitter")
+
+
+def test_bucket_longer_than_the_context(tmp_path, no_new_processes):
+    d = doc()
+    load = d["configuration"]["specchaos"]["load"]
+    for k in ("short_prompts", "medium_prompts", "long_prompts"):
+        load.pop(k)
+    load["buckets"] = [{"name": "short", "min_prompt_tokens": 16, "max_prompt_tokens": 60, "count": 4},
+                       {"name": "huge", "min_prompt_tokens": 900, "max_prompt_tokens": 1000, "count": 1,
+                        "max_tokens": 64}]
+    res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "configuration.specchaos", "the longest prompts (1000 tokens) plus its max_tokens (64)",
+                          "stack.max_model_len (1024) in bucket huge")
+
+
+def test_max_model_len_longer_than_the_models_context(tmp_path, no_new_processes, models_built):
+    d = doc()
+    d["configuration"]["specchaos"]["stack"]["max_model_len"] = 4096
+    res = cli("validate", str(write(tmp_path, d)))
+    assert_one_line_error(res, "configuration.specchaos.stack.max_model_len", "exceeds the target model's context",
+                          "2048 tokens")

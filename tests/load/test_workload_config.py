@@ -107,3 +107,55 @@ def test_records_without_server_and_sampling_read_as_spec_greedy():
     new = RequestRecord.from_dict(json.loads(RequestRecord("y", server="ref", sampling="t07p09").to_json()))
     assert (new.server, new.sampling) == ("ref", "t07p09") and is_ref_load(new) and not is_spec_load(new)
     assert not is_spec_load(RequestRecord("z", source="reference"))
+
+
+def test_a_bucket_may_ask_for_its_own_output_length():
+    lc = LoadConfig(buckets=[bucket("a", 10, 20), {**bucket("b", 100, 200), "max_tokens": 128}], max_tokens=16)
+    assert lc.bucket_max_tokens() == {"a": 16, "b": 128}
+    assert lc.longest_request_tokens() == ("b", 200, 128)
+    msg = error({"load": {"buckets": [{**bucket("huge", 800, 900), "max_tokens": 200}]}, "stack": {"max_model_len": 1024}})
+    assert "the longest prompts (900 tokens) plus its max_tokens (200) exceed stack.max_model_len (1024) in bucket huge" \
+        in msg
+    assert "load.buckets.0.max_tokens" in error({"load": {"buckets": [{**bucket("a", 10, 20), "max_tokens": 0}]}})
+
+
+def test_the_default_profile_is_todays_closed_loop():
+    lc = LoadConfig(users=6)
+    assert lc.profile.kind == "closed" and lc.closed_users() == 6 and lc.profile.ramp is None
+    assert parse_config({"load": lc.model_dump()}).load == lc   # a dumped config (config.json) parses again
+    op = LoadConfig(profile={"kind": "open", "rate": 3, "burstiness": 0.5, "ramp": {"from_rate": 0, "duration_s": 5},
+                             "steps": [{"at_s": 10, "rate": 6}]})
+    assert parse_config({"load": op.model_dump()}).load == op
+
+
+@pytest.mark.parametrize("profile, needle", [
+    ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst: Extra inputs are not permitted"),
+    ({"kind": "open", "rate": 0}, "load.profile.rate: Input should be greater than 0"),
+    ({"kind": "open", "rate": -3}, "load.profile.rate: Input should be greater than 0"),
+    ({"kind": "open"}, "load.profile: an open-loop profile needs rate"),
+    ({"kind": "open", "rate": 2, "burstiness": 0}, "load.profile.burstiness: Input should be greater than 0"),
+    ({"kind": "open", "rate": 2, "max_in_flight": 0}, "load.profile.max_in_flight"),
+    ({"kind": "poisson", "rate": 2}, "load.profile.kind"),
+    ({"kind": "closed", "rate": 2}, "load.profile: rate belong(s) to the other kind of profile"),
+    ({"kind": "closed", "burstiness": 2}, "load.profile: burstiness belong(s) to the other kind"),
+    ({"kind": "open", "rate": 2, "users": 3}, "load.profile: users belong(s) to the other kind"),
+    ({"kind": "open", "rate": 2, "ramp": {"from_users": 1, "duration_s": 5}}, "ramp of a open-loop profile needs from_rate"),
+    ({"ramp": {"from_users": 1}}, "load.profile.ramp.duration_s"),
+    ({"ramp": {"from_users": 1, "duration_s": 0}}, "load.profile.ramp.duration_s"),
+    ({"steps": [{"at_s": 5, "rate": 3}]}, "steps[0] of a closed-loop profile needs users"),
+    ({"steps": [{"at_s": 5, "users": 3}, {"at_s": 5, "users": 4}]}, "steps[1].at_s 5 must be after"),
+    ({"ramp": {"from_users": 1, "duration_s": 10}, "steps": [{"at_s": 5, "users": 3}]}, "steps[0].at_s 5 must be after"),
+    ({"steps": [{"at_s": 5, "users": 3, "spawn": 1}]}, "load.profile.steps.0.spawn: Extra inputs are not permitted"),
+])
+def test_bad_profiles(profile, needle):
+    assert needle in error({"load": {"profile": profile}})
+
+
+@pytest.mark.parametrize("retry, needle", [
+    ({"max_retries": -1}, "load.retry.max_retries"),
+    ({"jitter": "equal"}, "load.retry.jitter"),
+    ({"initial_s": 2, "max_s": 1}, "load.retry: max_s 1 < initial_s 2"),
+    ({"tries": 3}, "load.retry.tries: Extra inputs are not permitted"),
+])
+def test_bad_retry_policies(retry, needle):
+    assert needle in error({"load": {"retry": retry}})

@@ -34,6 +34,7 @@ from harness.load.client import make_client, stream_completion
 from harness.load.prompts import build_prompt_set
 from harness.load.records import is_complete
 from harness.metrics.client_acceptance import tally
+from harness.metrics.latency import itl_per_token_s, itl_s, percentiles, tpot_s
 from harness.stack.config import StackConfig
 from harness.stack.local import LocalStack
 
@@ -127,3 +128,14 @@ def test_ngram_agrees_with_the_servers_counters_per_decode_step(extra_server):
     # request's outputs (seen on a loaded host: 499 events for 523 steps).
     assert events <= decode_steps and events >= 0.9 * decode_steps
     assert agree(client.acceptance_rate, server)
+    # ITL per token groups the events flushed together: never the per-chunk 0.0 ms
+    per_chunk = percentiles((v for r in recs for v in itl_s(r)), (10, 50))
+    per_token = [v for r in recs for v in itl_per_token_s(r)]
+    tpot = percentiles((tpot_s(r) for r in recs), (50,))["p50"]
+    p_tok = percentiles(per_token, (10, 50))
+    print(f"ngram ITL: per chunk p10/p50 {per_chunk['p10'] * 1e3:.3f}/{per_chunk['p50'] * 1e3:.3f} ms, per token "
+          f"p10/p50 {p_tok['p10'] * 1e3:.3f}/{p_tok['p50'] * 1e3:.3f} ms, mean {sum(per_token) / len(per_token) * 1e3:.3f} "
+          f"ms; TPOT p50 {tpot * 1e3:.3f} ms")
+    assert p_tok["p50"] > 0.001 and p_tok["p10"] > 0.0002
+    assert sum(per_token) / len(per_token) == pytest.approx(sum(tpot_s(r) * (r.output_tokens - 1) for r in recs)
+                                                            / sum(r.output_tokens - 1 for r in recs), rel=0.05)

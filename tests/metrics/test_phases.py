@@ -73,9 +73,13 @@ def test_phase_metrics_counts_latencies_and_rates():
     assert m["duration_s"] == 10.0
     assert m["ttft_s"]["p50"] == pytest.approx(0.25)
     assert m["itl_s"]["p50"] == pytest.approx(0.1)
-    # per-token ITL: 0.1/2 for the 2-token chunk, 0.1/1 for the last one
-    assert m["itl_per_token_s"]["p50"] == pytest.approx(0.075)
+    # per-token ITL, one value per token: 0.1/2 twice for the 2-token chunk, 0.1/1 for the last
+    assert m["itl_per_token_s"]["n"] == 12 and m["itl_per_token_s"]["p50"] == pytest.approx(0.05)
     assert m["itl_per_token_s"]["p99"] == pytest.approx(0.1)
+    assert m["itl_per_token_s"]["mean"] == pytest.approx(0.2 / 3)
+    assert m["ttft_s"]["n"] == 4 and m["itl_s"]["n"] == 8
+    # vLLM's output token throughput: the complete tries' usage tokens / duration
+    assert m["total_output_tokens"] == 16 and m["output_throughput_tps"] == pytest.approx(1.6)
     assert m["mean_tokens_per_chunk"] == pytest.approx(4 / 3)
     assert m["output_tokens"] == 16
     assert m["output_tokens_per_s"] == pytest.approx(1.6)
@@ -86,7 +90,7 @@ def test_phase_metrics_counts_latencies_and_rates():
 def test_cut_stream_is_an_error_even_if_labelled_ok():
     m = phase_metrics([cut(make_record(send_time=100), 2, labelled_ok=True)], 100, 110)
     assert m["errors"] == 1 and m["complete"] == 0
-    assert m["ttft_s"] == {"p50": None, "p95": None, "p99": None}
+    assert m["ttft_s"] == {"n": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "p99.9": None}
     assert m["output_tokens"] == 0
     assert m["goodput_rps"] is None  # no slo given
 
@@ -112,7 +116,7 @@ def test_goodput_as_vllm():
     ok = make_record(ttft=0.2, gaps=[0.05] * 3)
     slow_first = make_record(ttft=0.6)
     slow_tokens = make_record(ttft=0.1, gaps=[0.3, 0.3])
-    slow_total = make_record(ttft=0.1, gaps=[0.05], tail_s=2.5)
+    slow_total = make_record(ttft=0.1, gaps=[1.25, 1.25], chunk_tokens=[1, 15, 15])  # TPOT 0.083, E2E 2.6
     one_token = make_record(ttft=0.2, chunk_tokens=[1])  # TPOT counts as 0
     assert is_good(ok, slo) and is_good(one_token, slo)
     assert not is_good(slow_first, slo)

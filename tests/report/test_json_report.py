@@ -11,7 +11,8 @@ def test_jsonable_makes_strict_json():
     v = jsonable({"a": float("inf"), "b": math.nan, "c": np.float64(1.5), "d": (1, np.int64(2)),
                   "e": CheckResult("x", "slo", True, 1, 2), 3: None})
     assert v == {"a": None, "b": None, "c": 1.5, "d": [1, 2],
-                 "e": {"name": "x", "category": "slo", "passed": True, "observed": 1, "limit": 2, "detail": ""},
+                 "e": {"name": "x", "category": "slo", "passed": True, "observed": 1, "limit": 2, "detail": "",
+                       "judged": True},
                  "3": None}
     json.dumps(v, allow_nan=False)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.experiment.config import SpecchaosConfig
-from harness.load.records import write_records
+from harness.load.records import worker_records_path, write_records
 from harness.report.json_report import read_report, write_report
 from harness.checks.run import load_reference
 from harness.report.judge import judge_run
@@ -84,8 +84,8 @@ def write_run(d: Path, records=None, events=None, reference=None):
     return d
 
 
-def cfg():
-    return SpecchaosConfig()
+def cfg(**blocks):
+    return SpecchaosConfig.model_validate(blocks)
 
 
 def by_name(report):
@@ -111,7 +111,7 @@ def test_clean_kill_and_restart_passes_with_full_schema(tmp_path):
         for key in ("start", "end", "requests", "errors", "output_tokens_per_s"):
             assert key in m
         for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-            assert set(m[key]) == {"p50", "p95", "p99"}
+            assert set(m[key]) == {"n", "mean", "p50", "p90", "p95", "p99", "p99.9"}
     assert rep["phases"]["baseline"]["start"] == 1000.0 and rep["phases"]["after"]["end"] == STOP
     for c in rep["checks"]:
         assert set(c) >= {"name", "passed", "observed", "limit"}
@@ -210,8 +210,9 @@ def test_server_that_never_comes_back_fails(tmp_path):
 
 
 def test_breached_slo_fails(tmp_path):
-    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0) if r.ok and r.send_time >= STARTS["after"] else r
-            for r in load_records()]
+    recs = [dataclasses.replace(r, e2e_s=r.e2e_s + 20.0, chunk_offsets_s=[*r.chunk_offsets_s[:-1],
+                                                                       r.chunk_offsets_s[-1] + 20.0])
+            if r.ok and r.send_time >= STARTS["after"] else r for r in load_records()]
     rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
     assert rep["verdict"] == "fail"
     c = by_name(rep)
@@ -256,3 +257,87 @@ def test_a_record_that_cannot_be_read_is_a_run_error_not_a_silent_skip(tmp_path)
     rep = judge_run(d, cfg(), META)
     assert rep["verdict"] == "error"
     assert rep["errors"] == ["records.jsonl: 1 line(s) are not request records (line 4); they were not judged"]
+
+
+def test_distributed_load_worker_files_are_judged_as_one_run(tmp_path):
+    """The same records split over workers' files (load.workers) give the same verdict and
+    counts; an unreadable line in a worker file is named with that file."""
+    whole = judge_run(write_run(tmp_path / "one"), cfg(), META)
+    d = write_run(tmp_path / "split", records=[])
+    recs = load_records()
+    for i in (0, 1):
+        write_records(worker_records_path(d / "records.jsonl", i), recs[i::2])
+    split = judge_run(d, cfg(), META)
+    assert split["verdict"] == whole["verdict"] == "pass"
+    assert split["requests"] == whole["requests"]
+    with open(worker_records_path(d / "records.jsonl", 1), "a") as fh:
+        fh.write('{"broken": \n' + recs[1].to_json() + "\n")   # not the last line: not a torn write
+    rep = judge_run(d, cfg(), META)
+    assert rep["errors"] == ["records.worker1.jsonl: 1 line(s) are not request records (line "
+                             f"{len(recs[1::2]) + 1}); they were not judged"]
+
+
+def test_a_thin_phase_is_reported_not_judged_and_leaves_the_verdict_alone(tmp_path):
+    # the after phase keeps 5 requests (< metrics.min_samples 10), each with a 3 s TTFT
+    # (SLO: 2 s): a p95 over 5 requests is not judged, so it neither fails the run nor
+    # counts as a pass
+    keep = [r for r in load_records() if r.send_time < STARTS["after"]]
+    slow = [make_record(send_time=STARTS["after"] + 4 * i, ttft=3.0, prompt_id=i, chunk_tokens=[1, 5, 2])
+            for i in range(5)]
+    rep = judge_run(write_run(tmp_path / "run", records=keep + slow), cfg(), META)
+    c = by_name(rep)
+    after = c["slo.after.ttft_p95_s"]
+    assert after["passed"] is None and after["judged"] is False and after["observed"] == pytest.approx(3.0)
+    assert after["detail"].startswith("not judged: after p95 TTFT (s) rests on 5 complete requests")
+    assert rep["phases"]["after"]["enough_samples"] is False and rep["phases"]["after"]["ttft_s"]["n"] == 5
+    assert rep["verdict"] == "pass", [n for n, x in c.items() if x["passed"] is False]
+    # with the minimum lowered to 5 the same data is judged, and the defect fails the run
+    rep = judge_run(tmp_path / "run", cfg(metrics={"min_samples": 5}), META)
+    assert rep["verdict"] == "fail" and by_name(rep)["slo.after.ttft_p95_s"]["passed"] is False
+
+
+def test_report_counts_logical_requests_and_unavailable_seconds(tmp_path):
+    rep = judge_run(write_run(tmp_path / "run"), cfg(), META)
+    fault = rep["phases"]["fault"]
+    # connect errors every 0.25 s from the kill (1030.5) until the server is back (1045.0):
+    # down from the first failure (the connect error at 1030.51; the request in flight
+    # since 1030.25 fails later, at 1030.75) to the first chunk of the first complete
+    # request after it (sent 1045.0, first chunk +0.1 s)
+    assert fault["unavailable_s"] == pytest.approx(1045.1 - 1030.51)
+    assert rep["availability"]["servers"]["spec"]["phases"]["fault"]["unavailable_s"] == fault["unavailable_s"]
+    assert rep["requests"]["logical"] == rep["requests"]["total"]     # old records: one try each
+    assert fault["tries"] == fault["requests"]
+
+
+def test_a_safeguard_abort_is_the_verdict_aborted_with_its_timing(tmp_path):
+    sg = {"metric": "error_rate", "limit": 0.5, "window_s": 2, "for_s": 2, "min_requests": 3}
+    evs = timeline(evidence=False) + [   # the abort cut the kill's evidence (waiting for the restart) short
+        ev(1030.0, "safeguards_armed", source="safeguards"),
+        ev(1033.7, "safeguard_breached", source="safeguards", safeguard="error_rate", metric="error_rate",
+           observed=1.0, n=8, limit=0.5, window_s=2, for_s=2, breach_start=1031.5, due_at=1033.5),
+        ev(1033.71, "safeguard_abort", source="safeguards", safeguard="error_rate", signal="SIGUSR1",
+           reason="aborted by safeguard error_rate: error_rate 1 over 8 requests > 0.5 for 2 s (window 2 s)")]
+    d = write_run(tmp_path / "run", events=evs)
+    meta = dict(META, journal_status="interrupted",
+                errors=["activity 'bg': harness.experiment.session.RunAborted: aborted by safeguard error_rate: ..."])
+    rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), meta)
+    assert rep["verdict"] == "aborted" and rep["errors"] == []
+    ab = rep["safeguards"]["abort"]
+    assert ab["detection_latency_s"] == pytest.approx(0.21) and ab["fault_to_abort_s"] == pytest.approx(3.21)
+    assert ab["breach_to_abort_s"] == pytest.approx(2.21) and ab["reason"].startswith("aborted by safeguard")
+    c = by_name(rep)["safeguards.error_rate"]
+    assert not c["passed"] and "aborted" in c["detail"]
+    # re-derived from the records: connect errors from 1030.5, every 0.25 s
+    br = rep["safeguards"]["breaches"]["error_rate"]
+    assert 1030.5 < br["breach_start"] < 1032.0 and br["due_at"] == pytest.approx(br["breach_start"] + 2)
+    # a real run error still makes it an error
+    rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), dict(meta, errors=["cleanup: stop stack failed: x"]))
+    assert rep["verdict"] == "error"
+
+
+def test_a_quiet_safeguard_passes(tmp_path):
+    sg = {"metric": "error_rate", "limit": 0.5, "window_s": 2, "for_s": 2, "phases": ["after"]}
+    d = write_run(tmp_path / "run", events=timeline() + [ev(1030.0, "safeguards_armed", source="safeguards")])
+    rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), META)
+    assert rep["verdict"] == "pass", [c for c in rep["checks"] if not c["passed"]]
+    assert by_name(rep)["safeguards.error_rate"]["passed"] and rep["safeguards"]["abort"] is None

@@ -46,9 +46,10 @@ def test_summary_shows_verdict_phases_recovery_integrity_and_checks_failed_first
     assert text.startswith("FAIL  kill the draft worker")
     assert "process-kill on spec/worker (acted)" in text
     assert "restarts: 1" in text
-    # phase rows in ms
-    base = next(line for line in text.splitlines() if line.strip().startswith("│ baseline") or " baseline " in line)
-    assert "42.1/87.6" in base and "321.5" in base
+    # a phase row of each table: requests/availability, latency in ms
+    base = [line for line in text.splitlines() if line.strip().startswith("│ baseline")]
+    assert "120" in base[0] and "321.5" in base[0]
+    assert "42.1/87.6" in base[1]
     assert "recovery" in text and "after" in text  # absent phases still listed
     assert "21.34 s" in text and "never" in text
     assert "compared" in text and "250" in text
@@ -82,3 +83,72 @@ def test_summary_shows_speculation_in_vllm_words_and_memory_swing():
               "not judged: no NVIDIA GPU on this host"):
         assert s in text, s
     assert "speculative decoding" not in render(REPORT)      # nothing scraped: no table
+
+
+def test_summary_states_the_workload_in_one_line():
+    from harness.load.config import LoadConfig
+    from harness.load.profiles import load_section
+    from harness.load.prompts import Prompt
+
+    prompts = [Prompt(0, "short", "hello there", 4, 8)]
+    closed = load_section(LoadConfig(users=4, seed=9), prompts)
+    lines = [l for l in render({**REPORT, "load": closed}).splitlines() if l.startswith("workload:")]
+    assert lines == [f"workload: closed loop 4 users; retry exponential 0.5..8 s x2, jitter openai; seed 9, "
+                     f"plan {closed['plan_digest'][:16]}"]
+    opened = load_section(LoadConfig(seed=9, retry={"max_retries": 0},
+                                     profile={"kind": "open", "rate": 12.5, "burstiness": 0.5}), prompts)
+    opened["open_loop"] = {"arrivals": 100, "dropped": 3}
+    text = render({**REPORT, "load": opened})
+    assert "workload: open loop 12.5 req/s, burstiness 0.5, max in flight 64; no retries; 3/100 arrivals dropped" in text
+    assert "workload:" not in render(REPORT)
+
+
+def phase_of(**kw):
+    d = {"start": 130.0, "duration_s": 33.5, "requests": 7, "errors": 2, "tries": 1009, "unavailable_s": 20.25,
+         "complete": 4, "enough_samples": False, "min_samples": 10, "output_tokens_per_s": 3.1,
+         "ttft_s": pct(0.102, 0.104), "tpot_s": pct(0.01, 0.01), "itl_s": pct(0.02, 0.03),
+         "itl_per_token_s": pct(0.005, 0.006), "e2e_s": pct(1.865, 1.865),
+         "latency_window": {"first_send": 160.2, "last_send": 162.9, "outage_start": 131.3, "outage_end": 160.5,
+                            "sent_after_outage_start": 4},
+         "buckets": {"short": {"complete": 4, "enough_samples": False, "ttft_s": pct(0.1, 0.1)}}}
+    d.update(kw)
+    return d
+
+
+def test_thin_phase_prints_n_and_where_its_figures_come_from():
+    rep = {**REPORT, "phases": {**REPORT["phases"], "fault": phase_of()},
+           "requests": {"total": 1300, "ok": 250, "failed": 1050, "logical": 298, "logical_failed": 48},
+           "checks": REPORT["checks"] + [
+               {"name": "slo.after.ttft_p95_s", "category": "slo", "passed": None, "judged": False, "observed": 1.865,
+                "limit": 1.0, "detail": "not judged: after p95 TTFT (s) rests on 1 complete request"}]}
+    text = render(rep)
+    fault = [line for line in text.splitlines() if line.strip().startswith("│ fault")]
+    # requests and availability: 7 logical requests, 2 failed, 1009 tries, 20.25 s unavailable
+    assert "│        7 │" in fault[0] and "1009" in fault[0] and "20.25" in fault[0]
+    # latency: n=4 instead of a percentile of 4 requests, and no 1865/1865
+    assert fault[1].count("n=4") == 5 and "1865" not in fault[1]
+    assert ("fault: 4 of the 4 complete requests were sent after the outage began (+1.3 s into the phase; ended "
+            "+30.5 s): the figures describe the server after it came back") in " ".join(text.split())
+    # per bucket, the same rule
+    assert any("short" in line and "n=4" in line for line in text.splitlines())
+    # the not-judged check: N/J, after the failures, before the passes
+    assert "N/J" in text and "298 logical requests, 48 failed after retries" in text
+    assert text.index("recovery.time_to_slo_s") < text.index("slo.after.ttft_p95_s") < text.index(
+        "slo.baseline.ttft_p95_s")
+
+
+def test_enough_samples_prints_percentiles():
+    rep = {**REPORT, "phases": {"after": phase_of(complete=40, enough_samples=True, latency_window={})}}
+    after = [line for line in render(rep).splitlines() if line.strip().startswith("│ after")]
+    assert "102/104" in after[1] and "1865/1865" in after[1] and "n=" not in after[1]
+
+
+def test_summary_of_an_aborted_run_says_why_and_how_fast():
+    ab = {"safeguard": "error_rate", "detection_latency_s": 0.21, "fault_to_abort_s": 4.3,
+          "reason": "aborted by safeguard error_rate: error_rate 1 over 16 requests > 0.5 for 2 s (window 2 s)"}
+    text = render({**REPORT, "verdict": "aborted", "safeguards": {"abort": ab},
+                   "recovery": {**REPORT["recovery"], "resolution_s": 0.031}})
+    assert text.startswith("ABORTED  kill the draft worker")
+    assert "aborted by safeguard error_rate: error_rate 1 over 16 requests > 0.5" in text
+    assert "detection latency 0.21 s beyond for_s, 4.30 s after the fault; rollbacks ran" in text
+    assert "recovery resolution" in text and "31 ms" in text

@@ -34,8 +34,8 @@ def test_tokens_per_step_not_per_chunk():
 def test_acceptance_table_per_bucket_sampling_phase_with_floor_verdict():
     text = render(report_of([1, 2, 1, 1, 1, 1, 1, 1]))
     assert "speculation, client side" in text and "k=4" in text
-    short = next(line for line in text.splitlines() if "│ short" in line)
-    long = next(line for line in text.splitlines() if "│ long" in line)
+    short = next(line for line in text.splitlines() if "│ short" in line and "greedy" in line)
+    long = next(line for line in text.splitlines() if "│ long" in line and "greedy" in line)
     assert "greedy" in short and "1.00 / 5.00 ✓" in short
     assert "0.04 / 1.17 ✗" in long            # 1 of 24 drafted tokens accepted (6 steps x 4)
     assert "acceptance_floor.baseline.long.greedy" in text

@@ -1,0 +1,255 @@
+"""Workload profiles as pure arithmetic: who sends what, and when (no locust, no I/O).
+
+The locustfile drives the load from these functions, and the session digests the same
+plan, so what the digest describes is what the load sends.
+
+* **Schedule**: a profile's users (closed loop) or rate in requests/s (open loop) as a
+  function of the time ``t`` in seconds since the load started: a linear ``ramp`` from
+  ``from_users``/``from_rate`` over ``ramp.duration_s``, then the profile's value, then
+  each step's value from its ``at_s`` on (:func:`schedule`, :func:`value_at`,
+  :func:`users_at`, :func:`rate_at`).
+* **Arrivals** (open loop): a renewal process whose gaps are gamma distributed with shape
+  ``burstiness`` and scale ``1 / (rate * burstiness)`` — mean ``1 / rate`` s, coefficient
+  of variation ``1 / sqrt(burstiness)``, ``burstiness = 1`` being a Poisson process —
+  exactly the distribution of ``vllm bench serve --burstiness`` (vllm/benchmarks/serve.py,
+  ``get_request``: ``np.random.gamma(shape=burstiness, scale=1/(rate*burstiness))``). Two
+  differences, both deliberate: vLLM rescales the sum of a fixed number of gaps to
+  ``N / rate`` (a fixed count), here arrivals run for a time, unscaled; and a rate that
+  changes with time (ramp, steps) is applied by time rescaling — unit-rate gamma gaps in
+  "operational time" ``Λ(t) = ∫ rate``, mapped back through ``Λ⁻¹`` — so a step changes the
+  rate at its instant, not at the next request index as vLLM's ramp-up does. Seeded with
+  numpy's PCG64 (``numpy.random.default_rng([seed, 1])``).
+* **Walk**: each user's seeded prompt order (a fresh shuffle per pass of the prompt set,
+  ``random.Random(seed + user)``) and sampling draws (by weight,
+  ``random.Random(f"sampling:{seed}:{user}")``, no draw with one class). The open loop is
+  one walk (user 0) whose ``i``-th step is the ``i``-th arrival's request.
+* **Plan digest** and ``report.json``'s ``load`` section (:func:`load_section`): sha256 over the prompt set and the first requests of the plan
+  (:func:`plan_digest`): the same seed and configuration give the same digest, so two
+  runs can be compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import random
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from harness.load.config import GREEDY, LoadConfig, ProfileConfig, SamplingClass
+from harness.load.prompts import Prompt
+from harness.load.retry import describe
+
+__all__ = ["Segment", "schedule", "value_at", "users_at", "rate_at", "max_users", "iter_arrivals",
+           "arrival_times", "Walk", "planned_requests", "plan_digest", "PLAN_REQUESTS", "load_section",
+           "read_load_stats"]
+
+#: One piece of a schedule: ``(start_s, end_s, value at start, value at end)``, linear in
+#: between; the last piece ends at ``math.inf`` with a constant value.
+Segment = tuple[float, float, float, float]
+
+#: Requests per stream (per closed-loop user, or of the open loop's arrivals) that
+#: :func:`plan_digest` covers by default.
+PLAN_REQUESTS = 256
+
+
+def schedule(profile: ProfileConfig, default_users: int = 1) -> list[Segment]:
+    """The profile's users (closed) or rate (open) over time as linear pieces.
+
+    Args:
+        profile: the validated profile (steps after the ramp, in increasing ``at_s``).
+        default_users: ``load.users``, used when a closed profile gives no ``users``.
+
+    Returns:
+        Contiguous segments from 0 to ``math.inf`` (see :data:`Segment`).
+    """
+    closed = profile.kind == "closed"
+    base = float((profile.users or default_users) if closed else profile.rate)
+    out: list[Segment] = []
+    t = 0.0
+    if profile.ramp is not None:
+        start = float(profile.ramp.from_users if closed else profile.ramp.from_rate)
+        t = profile.ramp.duration_s
+        out.append((0.0, t, start, base))
+    value = base
+    for st in profile.steps:
+        if st.at_s > t:
+            out.append((t, st.at_s, value, value))
+        t = st.at_s
+        value = float(st.users if closed else st.rate)
+    out.append((t, math.inf, value, value))
+    return out
+
+
+def value_at(segments: Sequence[Segment], t: float) -> float:
+    """The schedule's value at ``t`` seconds (the first segment's start value before 0)."""
+    for start, end, v0, v1 in segments:
+        if t < end:
+            if t <= start or end == math.inf:
+                return v0
+            return v0 + (v1 - v0) * (t - start) / (end - start)
+    return segments[-1][3]
+
+
+def users_at(profile: ProfileConfig, t: float, default_users: int = 1) -> int:
+    """Closed loop: users that should run at ``t`` s (the nearest whole user, halves up)."""
+    return int(math.floor(value_at(schedule(profile, default_users), t) + 0.5))
+
+
+def rate_at(profile: ProfileConfig, t: float) -> float:
+    """Open loop: the arrival rate at ``t`` s, requests/s."""
+    return value_at(schedule(profile), t)
+
+
+def max_users(profile: ProfileConfig, default_users: int = 1) -> int:
+    """Closed loop: the most users the schedule ever asks for."""
+    return int(round(max(max(s[2], s[3]) for s in schedule(profile, default_users))))
+
+
+def _invert(segments: Sequence[Segment], cum: Sequence[float], u: float) -> float:
+    """``Λ⁻¹(u)``: the time at which the integrated rate reaches ``u``."""
+    for (start, end, r0, r1), c0, c1 in zip(segments, cum, list(cum[1:]) + [math.inf]):
+        if u >= c1:
+            continue
+        du = u - c0
+        if end == math.inf or r0 == r1:
+            return start + du / r0
+        a = (r1 - r0) / (end - start)
+        # root of c0 + r0 x + a x^2 / 2 = u, in the form that is stable for either sign of a
+        return start + 2.0 * du / (r0 + math.sqrt(max(r0 * r0 + 2.0 * a * du, 0.0)))
+    raise ValueError("the rate schedule has no mass left")  # unreachable: the last rate is > 0
+
+
+def iter_arrivals(profile: ProfileConfig, seed: int, batch: int = 1024) -> Iterator[float]:
+    """Open loop: arrival instants in seconds since the load started, increasing, forever
+    (see module doc). The first arrival comes after one gap, not at 0.
+
+    Raises:
+        ValueError: ``profile`` is not an open-loop profile.
+    """
+    if profile.kind != "open":
+        raise ValueError("arrivals exist only for an open-loop profile")
+    segments = schedule(profile)
+    cum = [0.0]
+    for start, end, r0, r1 in segments[:-1]:
+        cum.append(cum[-1] + (r0 + r1) / 2.0 * (end - start))
+    rng = np.random.default_rng([seed, 1])
+    shape = profile.burstiness
+    u = 0.0
+    while True:
+        for gap in rng.gamma(shape=shape, scale=1.0 / shape, size=batch):
+            u += float(gap)
+            yield _invert(segments, cum, u)
+
+
+def arrival_times(rate: float, burstiness: float, seed: int, duration_s: float) -> np.ndarray:
+    """Arrival instants (seconds, increasing) in ``[0, duration_s)`` of a constant-rate
+    open loop: gamma gaps of shape ``burstiness``, scale ``1 / (rate * burstiness)``.
+
+    Raises:
+        ValueError: ``rate`` or ``burstiness`` is not > 0.
+    """
+    if not (rate > 0 and burstiness > 0):
+        raise ValueError(f"rate ({rate}) and burstiness ({burstiness}) must be > 0")
+    profile = ProfileConfig(kind="open", rate=rate, burstiness=burstiness)
+    return np.fromiter(itertools.takewhile(lambda t: t < duration_s, iter_arrivals(profile, seed)), dtype=float)
+
+
+class Walk:
+    """One user's seeded request sequence: prompts in a fresh shuffle per pass of the set,
+    sampling classes drawn by weight (see module doc)."""
+
+    def __init__(self, prompts: Sequence[Prompt], sampling: Sequence[SamplingClass], seed: int, user_id: int):
+        if not prompts:
+            raise ValueError("the prompt set is empty")
+        self.prompts = list(prompts)
+        self.sampling = list(sampling) or [GREEDY]
+        self.rng = random.Random(seed + user_id)
+        self.sampling_rng = random.Random(f"sampling:{seed}:{user_id}")
+        self._order: list[Prompt] = []
+
+    def next_prompt(self) -> Prompt:
+        """The next prompt of the walk."""
+        if not self._order:
+            self._order = list(self.prompts)
+            self.rng.shuffle(self._order)
+            self._order.reverse()  # pop() from the end walks the shuffle in order
+        return self._order.pop()
+
+    def next_sampling(self) -> SamplingClass:
+        """The next request's sampling class (no draw when there is only one class)."""
+        if len(self.sampling) == 1:
+            return self.sampling[0]
+        return self.sampling_rng.choices(self.sampling, weights=[c.weight for c in self.sampling])[0]
+
+    def next(self) -> tuple[Prompt, SamplingClass]:
+        """The next request: its prompt, then its sampling class."""
+        return self.next_prompt(), self.next_sampling()
+
+
+def planned_requests(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_REQUESTS) -> list[dict]:
+    """The first ``count`` planned requests of each stream: per closed-loop user (users
+    ``0 .. max_users - 1``) ``{"user", "prompt_id", "sampling", "max_tokens"}``, or for the
+    open loop the first ``count`` arrivals ``{"at_s" (µs-rounded), "prompt_id", "sampling",
+    "max_tokens"}``. Which of them a run really sends depends on time; this is the plan."""
+    out: list[dict] = []
+    if load.profile.kind == "open":
+        walk = Walk(prompts, load.sampling, load.seed, 0)
+        for at in itertools.islice(iter_arrivals(load.profile, load.seed), count):
+            p, s = walk.next()
+            out.append({"at_s": round(at, 6), "prompt_id": p.prompt_id, "sampling": s.name,
+                        "max_tokens": p.max_tokens})
+        return out
+    for user in range(max_users(load.profile, load.users)):
+        walk = Walk(prompts, load.sampling, load.seed, user)
+        for _ in range(count):
+            p, s = walk.next()
+            out.append({"user": user, "prompt_id": p.prompt_id, "sampling": s.name, "max_tokens": p.max_tokens})
+    return out
+
+
+def plan_digest(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_REQUESTS) -> str:
+    """sha256 (hex) of the prompt set (id, bucket, tokens, max_tokens, text) and of
+    :func:`planned_requests`: equal for the same seed, configuration and tokenizer."""
+    doc = {
+        "kind": load.profile.kind,
+        "prompts": [[p.prompt_id, p.prompt_class, p.prompt_tokens, p.max_tokens, p.text] for p in prompts],
+        "sampling": [s.model_dump() for s in load.sampling],
+        "requests": planned_requests(load, prompts, count),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_REQUESTS) -> dict:
+    """``report.json``'s (and ``run.json``'s) ``load``: the effective profile (a closed
+    loop's ``users`` resolved), the effective retry policy
+    (:func:`harness.load.retry.describe`), ``error_backoff_s``, the seed, and the plan's
+    digest (:func:`plan_digest`) with what it covers."""
+    profile = load.profile.model_dump()
+    streams = 1
+    if load.profile.kind == "closed":
+        profile["users"] = load.closed_users()
+        streams = max_users(load.profile, load.users)
+    return {
+        "profile": profile,
+        "retry": describe(load.retry),
+        "error_backoff_s": load.error_backoff_s,
+        "seed": load.seed,
+        "plan_digest": plan_digest(load, prompts, count),
+        "plan_covers": (f"prompt set ({len(prompts)} prompts) and the first {count} requests of "
+                        + (f"each of {streams} users" if load.profile.kind == "closed" else "the arrivals")),
+    }
+
+
+def read_load_stats(path) -> dict | None:
+    """The open loop's ``load_stats.json`` (:class:`OpenLoopStats` in the locustfile), or
+    None when absent or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,56 @@
+"""A workload profile and the retry policy through the whole experiment path on the fake
+vLLM (see :mod:`tests.experiment.fast_e2e`): an open loop at 16 requests/s sends about 16
+per second, a SIGKILL of the worker makes the load retry (tries sharing a logical_id),
+and report.json states the profile, the effective retry policy and the plan digest."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict
+
+import pytest
+from rich.console import Console
+
+from harness.load.records import read_records
+from harness.report.summary import render_summary
+from tests.experiment.fast_e2e import run_fast
+
+pytestmark = pytest.mark.timeout(240)
+
+RATE = 16.0
+
+
+def test_open_loop_kill_and_retries_end_to_end(tmp_path):
+    code, rep, seconds, out = run_fast(
+        tmp_path, "open", load={"profile": {"kind": "open", "rate": RATE}, "seed": 21, "max_tokens": 48,
+                                "retry": {"max_retries": 3, "initial_s": 0.2, "max_s": 1.0}})
+    print(f"open-loop fast run: {seconds:.1f} s, verdict {rep['verdict']}")
+    failed = [(c["name"], c["detail"]) for c in rep["checks"] if not c["passed"]]
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)   # ~6 requests in flight at the kill
+    load = rep["load"]
+    assert load["profile"]["kind"] == "open" and load["profile"]["rate"] == RATE
+    assert load["retry"]["max_retries"] == 3 and load["retry"]["waits_s"] == [0.2, 0.4, 0.8]
+    assert len(load["plan_digest"]) == 64 and load["seed"] == 21
+    assert load["open_loop"]["dropped"] == 0 and load["open_loop"]["arrivals"] > 0
+    assert json.loads((out / "run.json").read_text())["load"]["plan_digest"] == load["plan_digest"]
+
+    recs = [r for r in read_records(out / "records.jsonl") if r.source == "load"]
+    firsts = sorted(r.send_time for r in recs if r.attempt == 1)
+    rate = (len(firsts) - 1) / (firsts[-1] - firsts[0])
+    print(f"open loop: {len(firsts)} arrivals sent, {rate:.2f} req/s (asked {RATE})")
+    assert 0.75 * RATE <= rate <= 1.25 * RATE
+
+    tries: dict[str, list] = defaultdict(list)
+    for r in sorted(recs, key=lambda r: r.send_time):
+        tries[r.logical_id].append(r)
+    retried = [t for t in tries.values() if len(t) > 1]
+    assert retried, "the kill should have made the load retry"
+    for t in retried:
+        assert [r.attempt for r in t] == list(range(1, len(t) + 1)) and len(t) <= 4
+        assert len({(r.prompt_id, r.sampling, r.max_tokens) for r in t}) == 1
+    print(f"retried logical requests: {len(retried)}, of which recovered: {sum(t[-1].ok for t in retried)}")
+
+    con = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+    con.print(render_summary(rep))
+    assert f"workload: open loop {RATE:g} req/s" in con.export_text()
