@@ -81,23 +81,30 @@ def test_controller_threads_name_where_the_cpu_went():
 
 
 def test_meter_attributes_a_busy_thread_of_this_process():
+    import hashlib
     import threading
 
-    def burn():
-        t = time.process_time()
-        while time.process_time() - t < 0.3:
-            pass
+    burned, release = threading.Event(), threading.Event()
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    def burn():   # hashing a large buffer releases the GIL: the meter keeps sampling meanwhile
+        data = b"x" * (1 << 20)
+        t = time.thread_time()
+        while time.thread_time() - t < 0.4:
+            hashlib.sha256(data).digest()
+        burned.set()
+        release.wait(30)   # alive at the meter's last sample
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    th = threading.Thread(target=burn, name="burner")
     try:
         meter = CpuMeter(proc.pid, interval_s=0.1).start()
-        th = threading.Thread(target=burn, name="burner")
         th.start()
-        time.sleep(0.6)   # sampled while alive
-        th.join()
+        assert burned.wait(30)
         meter.stop()
     finally:
+        release.set()
+        th.join()
         proc.kill()
         proc.wait()
     threads = meter.section(1)["controller_threads"]
-    assert threads.get("burner", 0) >= 0.2, threads
+    assert threads.get("burner", 0) >= 0.3, threads
