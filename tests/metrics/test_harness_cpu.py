@@ -108,3 +108,23 @@ def test_meter_attributes_a_busy_thread_of_this_process():
         proc.wait()
     threads = meter.section(1)["controller_threads"]
     assert threads.get("burner", 0) >= 0.3, threads
+
+
+def test_meter_sums_several_load_processes():
+    """Distributed load: the master and each worker are separate processes."""
+    burn = ("import time\ntime.sleep(1.0)\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "time.sleep(30)")
+    procs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
+    try:
+        time.sleep(0.5)   # started up, not burning yet
+        meter = CpuMeter([p.pid for p in procs], interval_s=0.1).start()
+        end = time.monotonic() + 20
+        while time.monotonic() < end and sum(process_tree_cpu_s(p.pid) or 0 for p in procs) < 0.6:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        meter.stop()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert 0.45 <= meter.section(1)["locust_cpu_s"] <= 1.0
