@@ -42,6 +42,7 @@ from harness.load.profiles import load_section, read_load_stats
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import worker_record_files, write_records
 from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
+from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
 from harness.metrics.scraper import METRICS_FILE, MetricsScraper
 from harness.report.judge import judge_run
@@ -122,6 +123,7 @@ class Session:
         self.gpu: GpuSampler | None = None
         self.scraper: MetricsScraper | None = None
         self.breaker: SpeculationBreaker | None = None
+        self.cpu_meter: CpuMeter | None = None   # the harness's own CPU while the load runs
         self.prompts: list = []
         self.report: dict[str, Any] | None = None
         self.closed = False
@@ -201,6 +203,7 @@ class Session:
                                   mirror_url=self.fault_ctx.load_urls["ref"] if mirror else None,
                                   mirror_model=mirror.model if mirror else None)
         self.load.start()
+        self.cpu_meter = CpuMeter(self.load.pids).start() if self.load.pids else None
         self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=lc.mirror, profile=lc.profile.kind)
         log.info("load running: %s; warm-up %.0f s, baseline %.0f s", lc.profile.kind + " loop", ph.warmup_s,
                  ph.baseline_s)
@@ -284,6 +287,8 @@ class Session:
         """Stop locust (in-flight requests are written) and mark the end of the load."""
         with self._lock:
             if self.load is not None:
+                if self.cpu_meter is not None:
+                    self.cpu_meter.stop()   # before locust exits: its last sample counts
                 self.load.stop()
                 self.load = None
                 self.timeline.emit("runner", "load_stopped")
@@ -341,6 +346,8 @@ class Session:
             "journal_status": journal.get("status") if journal else None,
             "steady_state": steady_state_summary(journal),
         })
+        if self.cpu_meter is not None:
+            meta["harness_cpu"] = self.cpu_meter.section(load_requests(self.records_path))
         self.write_meta(meta)
         report = judge_run(self.out_dir, self.cfg, meta, journal=journal)
         write_report(self.out_dir / "report.json", report)

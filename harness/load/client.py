@@ -11,6 +11,15 @@ An output chunk is an SSE event whose first choice carries output tokens: its to
 count is ``len(choice["token_ids"])`` (``return_token_ids``), or 1 for a non-empty
 ``text`` when the server sent no ``token_ids``.
 
+Connections: after ``data: [DONE]`` the client reads the body to its end (the chunked
+terminator vLLM's server sends right after it), as the OpenAI Python SDK does, so the
+connection goes back to the client's pool and the next request reuses it; stopping at
+``[DONE]`` would close it and make every request open a new TCP connection (more work for
+the server's event loop than ``vllm bench serve``'s keep-alive client gives it, measured in
+``bench/accuracy.py``). That drain is bounded by :data:`DRAIN_LIMIT_S`; it never changes
+the record (its E2E ends at ``[DONE]``): a server that keeps the body open after
+``[DONE]`` only costs the connection.
+
 Traffic goes to loopback only (127.0.0.0/8, ::1, ``localhost``): any other host is
 refused with :class:`~harness.errors.LoadError`.
 """
@@ -24,7 +33,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 from httpx_sse import EventSource, SSEError
@@ -40,6 +49,8 @@ log = logging.getLogger(__name__)
 
 COMPLETIONS_PATH = "/v1/completions"
 _DETAIL_CHARS = 300
+#: Longest wait (seconds) for the end of the body after ``data: [DONE]`` (see module doc).
+DRAIN_LIMIT_S = 1.0
 
 
 def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
@@ -97,6 +108,9 @@ class _Deadline:
     def __init__(self, deadline: float):
         self.deadline = deadline
         self.fired = False
+        #: the deadline hit while draining the body after ``[DONE]`` (see :meth:`drain`)
+        self.drain_cut = False
+        self._draining = False
         self._lock = threading.Lock()
         self._done = False
         self._sock: socket.socket | None = None
@@ -126,11 +140,28 @@ class _Deadline:
         if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
             self.arm(info["return_value"])
 
+    def drain(self, limit_s: float) -> None:
+        """The exchange is complete; from now on the deadline is at most ``limit_s`` away
+        and firing it only cuts the drain (:attr:`drain_cut`), never the request."""
+        with self._lock:
+            if self._done:
+                return
+            self._draining = True
+            self.deadline = min(self.deadline, time.perf_counter() + limit_s)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = threading.Timer(max(0.0, self.remaining()), self._fire)
+                self._timer.daemon = True
+                self._timer.start()
+
     def _fire(self) -> None:
         with self._lock:
             if self._done or self._sock is None:
                 return
-            self.fired = True
+            if self._draining:
+                self.drain_cut = True
+            else:
+                self.fired = True
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -200,7 +231,8 @@ def stream_completion(
         source: ``"load"``, ``"reference"`` or ``"probe"``.
         user_id: locust user index, -1 otherwise.
         ignore_eos: ask the server to ignore EOS (always ``max_tokens`` outputs).
-        on_interrupt: called with the partial record (``error="other:<Name>"``) when a
+        on_interrupt: called with the partial record (``error="other:<Name>"``; a record
+            that already ended with ``[DONE]``, interrupted while draining, as it is) when a
             non-``Exception`` interrupts the request (gevent's ``GreenletExit`` when locust
             stops a user, ``KeyboardInterrupt``); the interrupt is then re-raised.
         server: the record's ``server``: ``"spec"`` or ``"ref"`` (which server
@@ -275,8 +307,9 @@ def stream_completion(
             fail(_classify(exc), f"{type(exc).__name__}: {exc}")
     except BaseException as exc:
         guard.cancel()
-        fail(f"other:{type(exc).__name__}", "request interrupted by the client side (e.g. load shutdown)")
-        rec.ok = False
+        if not rec.done:   # after [DONE] only the drain was interrupted: the exchange is complete
+            fail(f"other:{type(exc).__name__}", "request interrupted by the client side (e.g. load shutdown)")
+        rec.ok = rec.status == 200 and rec.error is None and rec.done and rec.finish_reason is not None
         if on_interrupt is not None:
             on_interrupt(rec)
         raise
@@ -293,8 +326,9 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[
     """Consume the SSE stream of a 200 response into ``rec`` (see :func:`stream_completion`).
     Exceptions from the transport propagate; what arrived before them stays in ``rec``."""
     texts: list[str] = []
+    events = EventSource(response).iter_sse()
     try:
-        for event in EventSource(response).iter_sse():
+        for event in events:
             t = since()
             data = event.data.strip()
             if data == "[DONE]":
@@ -338,6 +372,20 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[
             # vLLM ends the streams in flight with finish_reason "abort" when it shuts down
             # (SIGTERM, e.g. a planned restart): a cut response, never a success
             fail("aborted", f"the server ended the stream with finish_reason {rec.finish_reason!r}")
+    if rec.done:   # the record is final; an interrupt from here on leaves it as it is
+        _drain(events, guard)
+
+
+def _drain(events: Iterator[Any], guard: _Deadline) -> None:
+    """Read what follows ``data: [DONE]`` to the end of the body (see module doc), at most
+    :data:`DRAIN_LIMIT_S`; events there are ignored, a transport error only loses the
+    connection."""
+    guard.drain(DRAIN_LIMIT_S)
+    try:
+        for _ in events:
+            pass
+    except Exception as exc:  # noqa: BLE001 - the request is complete; only the connection is lost
+        log.debug("body not read to its end after [DONE]: %s", exc)
 
 
 def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str]) -> None:

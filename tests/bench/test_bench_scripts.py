@@ -1,0 +1,137 @@
+"""The benchmark scripts: their pure helpers against hand-computed values (definitions as
+``vllm bench serve``'s), bad arguments, and a short run of each (``--quick``) whose last
+line must be the JSON object with the documented keys and sane values. Targets are not
+checked here: absolute figures depend on the machine; the README gives the measured ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.load.records import RequestRecord, write_records
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+accuracy = load("accuracy")
+capacity = load("loadgen_capacity")
+
+
+def record(ttft: float, gaps: list[float], tokens: list[int], done_after: float = 0.0, **kw) -> RequestRecord:
+    offs = [ttft]
+    for g in gaps:
+        offs.append(offs[-1] + g)
+    n = sum(tokens)
+    return RequestRecord(request_id="r", source="load", status=200, done=True, ok=True, finish_reason="length",
+                         max_tokens=n, output_tokens=n, ttft_s=ttft, chunk_offsets_s=offs, chunk_tokens=tokens,
+                         e2e_s=offs[-1] + done_after, **kw)
+
+
+def test_both_sides_compute_the_same_metrics_for_the_same_stream(tmp_path):
+    # one stream: first chunk at 0.1 s, 3 more chunks 0.02, 0.03, 0.05 s apart, 4 tokens each
+    write_records(tmp_path / "r.jsonl", [record(0.1, [0.02, 0.03, 0.05], [4, 4, 4, 4]),
+                                          RequestRecord(request_id="x", source="load", error="connect")])
+    h = accuracy.harness_values(tmp_path / "r.jsonl")
+    b = accuracy.bench_values({"ttfts": [0.1, 0.0], "itls": [[0.02, 0.03, 0.05], []], "output_lens": [16, 0],
+                               "errors": ["", "Connection refused"]})
+    for k in ("ttft", "tpot", "e2e"):
+        assert h[k] == pytest.approx(b[k]), k
+    assert h["itl"] == pytest.approx(b["itl"])
+    assert b["itl"] == pytest.approx([0.02, 0.03, 0.05])                                # per chunk, not per token
+    assert b["tpot"] == pytest.approx([0.1 / 15])                                      # (E2E - TTFT) / (16 - 1)
+    assert h["n"] == b["n"] == [1.0]                                                   # failures left out
+
+
+def test_summary_ratios_spread_and_server_means():
+    def run(scale: float, server_ttft: float) -> dict:
+        return {"values": {"ttft": [0.1 * scale, 0.3 * scale], "tpot": [0.01 * scale], "itl": [0.02 * scale],
+                           "e2e": [1.0 * scale], "n": [2.0]},
+                "requests": 2, "client_cpu_s": 0.5, "wall_s": 3.0, "server_cpu_ms_per_request": 100.0,
+                "server": {**{f"{k}_mean_ms": 10.0 for k in accuracy.SERVER_HISTOGRAMS},
+                           **{f"{k}_count": 2 for k in accuracy.SERVER_HISTOGRAMS}, "ttft_mean_ms": server_ttft}}
+
+    runs = [("harness", run(1.1, 22.0)), ("bench", run(1.0, 20.0)), ("bench", run(1.0, 20.0)),
+            ("harness", run(0.9, 18.0))]
+    args = type("A", (), {"pairs": 2, "users": 2, "requests": 2, "max_tokens": 8, "prompts": 4})()
+    s = accuracy.summarize(runs, args)
+    assert s["ttft_ratio"] == 0.95          # pooled medians: 190 ms (0.09, 0.11, 0.27, 0.33) vs 200 ms
+    assert [p["ttft"]["ratio"] for p in s["pairs"]] == [1.1, 0.9]
+    assert s["spread"]["e2e"] == [0.9, 1.1]
+    assert s["pairs"][1]["order"] == ["bench", "harness"]
+    assert s["server"]["ttft_mean_ms"] == {"harness": 20.0, "bench": 20.0} and s["server"]["ttft_ratio"] == 1.0
+    assert s["cpu"]["client_cpu_ms_per_request"] == {"harness": 250.0, "bench": 250.0}
+
+
+def test_server_means_over_one_run():
+    before = {f"{k}_{x}": 0.0 for k in accuracy.SERVER_HISTOGRAMS for x in ("sum", "count")}
+    after = dict(before, ttft_sum=3.0, ttft_count=10.0)
+    m = accuracy.server_means(before, after)
+    assert m["ttft_mean_ms"] == 300.0 and m["ttft_count"] == 10
+    assert m["itl_mean_ms"] is None and m["itl_count"] == 0
+
+
+def test_lateness_against_the_servers_send_stamps():
+    r = record(0.010, [0.005], [4, 4], send_time=1000.0)
+    # the server stamped the chunks 0.3 ms and 0.2 ms before they arrived
+    r.text = f" t{int((1000.010 - 0.0003) * 1e9)} t{int((1000.015 - 0.0002) * 1e9)}"
+    late = capacity.lateness_ms([r])
+    assert late == pytest.approx([0.3, 0.2], abs=1e-3)
+    t = capacity.timing([r])
+    assert t["chunks"] == 2 and t["ttft_p50_ms"] == pytest.approx(0.3, abs=1e-3)
+    r.text = r.text.split()[0]          # stamps and chunks do not pair up: left out, not guessed
+    assert capacity.lateness_ms([r]) == []
+    assert capacity.timing([r])["p50_ms"] is None
+
+
+@pytest.mark.parametrize("script,arg", [("accuracy", "--pairs=0"), ("accuracy", "--users=0"),
+                                        ("loadgen_capacity", "--users=0"), ("loadgen_capacity", "--seconds=0")])
+def test_bad_arguments_exit_2_with_one_line(script, arg):
+    p = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), arg], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and arg.split("=")[0] in p.stderr
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(180)
+def test_loadgen_capacity_quick():
+    p = subprocess.run([sys.executable, str(BENCH / "loadgen_capacity.py"), "--quick"], capture_output=True,
+                       text=True, timeout=170)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = last_json(p.stdout)
+    assert {"requests_per_s_per_core", "timing_error_ms", "timing_error_p99_ms", "capacity", "timing",
+            "timing_at_capacity", "settings"} <= set(out)
+    assert out["requests_per_s_per_core"] > 10
+    assert 0 < out["timing_error_ms"] < 100 and out["timing_error_ms"] <= out["timing_error_p99_ms"]
+    assert out["capacity"]["errors"] == [] and out["timing"]["errors"] == []
+    assert out["timing"]["chunks"] == 8 * out["timing"]["ok"]
+    assert 0 < out["capacity"]["client_cpu_percent"] <= 110
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(900)
+def test_accuracy_quick():
+    p = subprocess.run([sys.executable, str(BENCH / "accuracy.py"), "--quick"], capture_output=True, text=True,
+                       timeout=880)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    out = last_json(p.stdout)
+    assert {"ttft_ratio", "tpot_ratio", "itl_ratio", "e2e_ratio", "pairs", "spread", "server", "cpu"} <= set(out)
+    for k in ("ttft", "tpot", "itl", "e2e"):
+        assert 0.2 < out[f"{k}_ratio"] < 5, (k, out)
+    assert len(out["pairs"]) == 1 and out["requests"] == {"harness": 8, "bench": 8}
+    assert out["server"]["ttft_mean_ms"]["harness"] > 0 and out["server"]["ttft_mean_ms"]["bench"] > 0
