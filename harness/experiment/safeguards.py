@@ -20,19 +20,17 @@ measured) and ``safeguard_abort`` (the reason, the signal sent).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.checks.config import SafeguardConfig
 from harness.checks.safeguards import ABORT_PREFIX, SOURCE, Breach, Obs, armed_windows, observations, scan
 from harness.clock import now
-from harness.load.records import RequestRecord, is_spec_load
+from harness.load.records import RecordTail, is_spec_load
 
 if TYPE_CHECKING:
     from harness.experiment.session import Session
@@ -57,34 +55,6 @@ def abort_reason(b: Breach) -> str:
             f"for {b.for_s:g} s (window {b.window_s:g} s)")
 
 
-class _RecordTail:
-    """Reads the lines appended to a records file since the last call (a torn last line is
-    kept for the next call)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = 0
-
-    def new_records(self) -> list[RequestRecord]:
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            return []
-        self.offset += cut + 1
-        out = []
-        for line in data[:cut].splitlines():
-            try:
-                out.append(RequestRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
-                continue
-        return out
-
-
 class SafeguardMonitor:
     """Watches one session's load during the method (see module doc).
 
@@ -98,7 +68,7 @@ class SafeguardMonitor:
         self.s = session
         self.safeguards = list(safeguards)
         self.interval_s = interval_s
-        self.tail = _RecordTail(session.records_path)
+        self.tail = RecordTail(session.records_path)   # every records file: a distributed load's workers too
         self.obs: list[Obs] = []
         self.armed_at: float | None = None
         self.since: dict[str, float] = {}
@@ -148,7 +118,7 @@ class SafeguardMonitor:
     def tick(self, t: float) -> Breach | None:
         """Judge the span since the previous tick up to ``t − SETTLE_S``; on a breach,
         record it and abort. Returns the breach (None while quiet)."""
-        new = [r for r in self.tail.new_records() if is_spec_load(r)]
+        new = [r for r in self.tail.read_new() if is_spec_load(r)]
         if new:
             self.obs = sorted(self.obs + observations(new), key=lambda o: o.end)
         horizon = t - self.keep_s

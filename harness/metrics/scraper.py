@@ -56,7 +56,7 @@ from harness.net import LOOPBACK_HINT, is_loopback_host
 from harness.timeline import Timeline
 
 __all__ = ["METRICS_FILE", "DEFAULT_INTERVAL_S", "DEFAULT_TIMEOUT_S", "ScrapedServer", "MetricsScraper",
-           "tree_memory", "tree_rss_bytes", "scrape_line"]
+           "tree_memory", "tree_rss_bytes", "scrape_line", "TreeCache"]
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +79,18 @@ class ScrapedServer(Protocol):
         """The current API server process, or None when down."""
 
 
-def tree_memory(api: psutil.Process | None) -> tuple[int | None, list[int]]:
-    """``(rss_bytes, pids)``: RSS summed over ``api`` and all its live descendants, and
-    their pids (sorted); ``(None, [])`` when ``api`` is None or gone. Processes that vanish
-    while being read are skipped."""
+def tree_memory(api: psutil.Process | None,
+                procs: list[psutil.Process] | None = None) -> tuple[int | None, list[int]]:
+    """``(rss_bytes, pids)``: RSS summed over ``api`` and all its live descendants (or the
+    ``procs`` already found), and their pids (sorted); ``(None, [])`` when ``api`` is None
+    or gone. Processes that vanish while being read are skipped."""
     if api is None:
         return None, []
-    try:
-        procs = [api, *api.children(recursive=True)]
-    except psutil.Error:
-        return None, []
+    if procs is None:
+        try:
+            procs = [api, *api.children(recursive=True)]
+        except psutil.Error:
+            return None, []
     total, pids = 0, []
     for p in procs:
         try:
@@ -97,6 +99,46 @@ def tree_memory(api: psutil.Process | None) -> tuple[int | None, list[int]]:
         except psutil.Error:
             continue
     return (total, sorted(pids)) if pids else (None, [])
+
+
+class TreeCache:
+    """The members of one server's process tree, found by walking the host's processes
+    (``children(recursive=True)`` reads every process: 2-5 ms with ~100 on the host) only
+    when the API process changed, a known member is gone, or ``refresh_s`` passed; in
+    between, :meth:`memory` reads the known members' RSS alone. A scraping thread keeps one
+    per server (vLLM's tree is fixed between restarts, and a restart changes the API pid).
+    """
+
+    def __init__(self, refresh_s: float = 5.0):
+        self.refresh_s = refresh_s
+        self._api: psutil.Process | None = None
+        self._procs: list[psutil.Process] = []
+        self._at = float("-inf")
+
+    def memory(self, api: psutil.Process | None) -> tuple[int | None, list[int]]:
+        """As :func:`tree_memory`: ``(rss_bytes, pids)`` of ``api``'s tree, ``(None, [])`` when down."""
+        if api is None:
+            self._api, self._procs = None, []
+            return None, []
+        stale = (self._api is None or self._api.pid != api.pid or time.monotonic() - self._at >= self.refresh_s)
+        if not stale:
+            total, pids = 0, []
+            for p in self._procs:
+                try:
+                    total += p.memory_info().rss
+                    pids.append(p.pid)
+                except psutil.Error:
+                    stale = True    # a member went away: walk again
+                    break
+            if not stale:
+                return (total, sorted(pids)) if pids else (None, [])
+        try:
+            self._procs = [api, *api.children(recursive=True)]
+        except psutil.Error:
+            self._api, self._procs = None, []
+            return None, []
+        self._api, self._at = api, time.monotonic()
+        return tree_memory(api, self._procs)
 
 
 def tree_rss_bytes(api: psutil.Process | None) -> int | None:
@@ -109,9 +151,10 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:300]
 
 
-def scrape_line(client: httpx.Client, name: str, server: ScrapedServer) -> Line:
+def scrape_line(client: httpx.Client, name: str, server: ScrapedServer, tree: TreeCache | None = None) -> Line:
     """Scrape ``server`` once and return its ``metrics.jsonl`` line (module doc): ``ok``
-    with the parsed page, or a gap with the reason. Never raises for a server that fails."""
+    with the parsed page, or a gap with the reason. Never raises for a server that fails.
+    ``tree``: the thread's :class:`TreeCache` for this server (None: walk the tree now)."""
     try:
         api = server.api_process()
     except Exception:   # noqa: BLE001 - a server object mid-restart
@@ -127,7 +170,7 @@ def scrape_line(client: httpx.Client, name: str, server: ScrapedServer) -> Line:
             line = {"t": now(), "server": name, "ok": True, **parse_page(resp.text)}
     except (httpx.HTTPError, ValueError, UnicodeDecodeError) as exc:   # ValueError: unparsable page
         line = {"t": now(), "server": name, "ok": False, "error": _one_line(exc)}
-    line["rss_bytes"], line["tree_pids"] = tree_memory(api)
+    line["rss_bytes"], line["tree_pids"] = tree_memory(api) if tree is None else tree.memory(api)
     line["pid"] = pid
     if line["ok"]:
         line["latency_s"] = round(time.perf_counter() - t0, 6)
@@ -208,11 +251,12 @@ class MetricsScraper:
                     log.exception("metrics subscriber %r raised (logged once; it keeps getting lines)", cb)
 
     def _loop(self, name: str, server: ScrapedServer) -> None:
+        tree = TreeCache()
         with httpx.Client(timeout=self.timeout_s) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
                 try:
-                    self.write(scrape_line(client, name, server))
+                    self.write(scrape_line(client, name, server, tree))
                 except Exception as exc:   # noqa: BLE001 - e.g. the disk is full: say so, keep going
                     log.error("metrics scrape of %s failed to record: %s", name, exc)
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))

@@ -64,3 +64,34 @@ def test_a_page_without_speculation_has_no_spec_counters_rather_than_zeros():
 def test_parse_page_rejects_garbage():
     with pytest.raises(ValueError):
         parse_page("vllm:x{unterminated 1\n")
+
+
+def test_parsing_only_the_wanted_families_gives_the_same_page():
+    """parse_page cuts the page to the families it needs before prometheus_client parses
+    it: the same result as parsing every family, on both recorded vLLM pages."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from harness.metrics import prometheus
+
+    for f in sorted(DATA.glob("*.prom")):
+        text = f.read_text()
+        cut = prometheus.parse_page(text)
+        real = prometheus.families_of
+        try:
+            prometheus.families_of = lambda t, names: text_string_to_metric_families(t)
+            whole = prometheus.parse_page(text)
+        finally:
+            prometheus.families_of = real
+        assert cut == whole and cut["counters"] and cut["histograms"], f.name
+        assert {m.name for m in prometheus.families_of(text, ["vllm:generation_tokens_total"])} == {
+            "vllm:generation_tokens", "vllm:generation_tokens_created"}
+
+
+def test_a_page_of_other_families_or_of_garbage_still_raises_or_is_empty():
+    from harness.metrics import prometheus
+
+    assert prometheus.parse_page("# TYPE other gauge\nother 1\n")["gauges"] == {}
+    with pytest.raises(ValueError):
+        prometheus.parse_page("<html>not metrics</html>\n")
+    with pytest.raises(ValueError):      # a broken line inside a wanted family
+        prometheus.parse_page('vllm:num_requests_running{engine="0" 1\n')

@@ -128,3 +128,39 @@ def test_tree_rss_sums_the_process_tree(fake_vllm):
     assert tree_rss_bytes(fake.api_process()) >= sum(p.memory_info().rss for p in tree) * 0.8
     assert tree_rss_bytes(None) is None
     json.dumps(tree_rss_bytes(fake.api_process()))
+
+
+def test_the_tree_cache_walks_the_host_only_when_the_tree_may_have_changed(monkeypatch):
+    import subprocess
+    import sys
+
+    import psutil
+
+    from harness.metrics.scraper import TreeCache, tree_memory
+
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); c.wait(); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        api = psutil.Process(parent.pid)
+        for _ in range(100):
+            if api.children():
+                break
+            time.sleep(0.05)
+        walks = []
+        real = psutil.Process.children
+        monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: walks.append(1) or real(self, recursive=recursive))
+        cache = TreeCache(refresh_s=60)
+        first = cache.memory(api)
+        assert first[1] == tree_memory(api)[1] and len(first[1]) == 2 and first[0] > 0
+        n = len(walks)
+        assert cache.memory(api)[1] == first[1] and len(walks) == n       # known members only: no walk
+        child = api.children()[0]
+        child.kill()            # the parent reaps it
+        assert psutil.wait_procs([child], timeout=5)[1] == []
+        assert cache.memory(api)[1] == [api.pid] and len(walks) > n       # a member gone: walked again
+        assert cache.memory(None) == (None, [])
+    finally:
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait()
