@@ -33,8 +33,8 @@ from faults.process_freeze import read_metrics
 from harness.load.client import make_client, stream_completion
 from harness.load.prompts import build_prompt_set
 from harness.load.records import is_complete
-from harness.metrics.client_acceptance import tally
-from harness.metrics.latency import itl_per_token_s, itl_s, percentiles, tpot_s
+from harness.metrics.client_acceptance import arrival_groups, tally
+from harness.metrics.latency import ITL_GROUP_GAP_S, itl_per_token_s, itl_s, percentiles, tpot_s
 from harness.stack.config import StackConfig
 from harness.stack.local import LocalStack
 
@@ -137,5 +137,9 @@ def test_ngram_agrees_with_the_servers_counters_per_decode_step(extra_server):
           f"p10/p50 {p_tok['p10'] * 1e3:.3f}/{p_tok['p50'] * 1e3:.3f} ms, mean {sum(per_token) / len(per_token) * 1e3:.3f} "
           f"ms; TPOT p50 {tpot * 1e3:.3f} ms")
     assert p_tok["p50"] > 0.001 and p_tok["p10"] > 0.0002
-    assert sum(per_token) / len(per_token) == pytest.approx(sum(tpot_s(r) * (r.output_tokens - 1) for r in recs)
-                                                            / sum(r.output_tokens - 1 for r in recs), rel=0.05)
+    # its mean is the decode time after the first arrival per token after it (the docstring's
+    # identity); not TPOT's ÷ (output tokens − 1): on a loaded host more tokens arrive
+    # together with the first one (measured 2.20 ms per token vs 1.88 ms TPOT in one CI run)
+    first_last = [arrival_groups(r.chunk_offsets_s, r.chunk_tokens, ITL_GROUP_GAP_S)[0][1] for r in recs]
+    decode = sum(r.chunk_offsets_s[-1] - f for r, f in zip(recs, first_last))
+    assert sum(per_token) == pytest.approx(decode, rel=1e-6)
