@@ -194,7 +194,7 @@ def plot_timeline(run_dir: str | Path, out: str | Path | None = None, width_s: f
     ax_lat.set_ylabel("latency (s)")
     if np.isfinite(np.concatenate([s["ttft_p50"], s["e2e_p95"]])).any():
         ax_lat.set_yscale("log")
-    ax_lat.legend(loc="upper left", fontsize=8, ncol=3)
+    ax_lat.legend(loc="best", fontsize=8, ncol=3)
     if ax_lat.get_yscale() == "log":   # labels at 1, 2, 5 × 10^k, written plainly (0.02, not 2×10⁻²)
         ax_lat.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         ax_lat.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
