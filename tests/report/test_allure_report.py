@@ -1,0 +1,71 @@
+"""The HTML report of synthetic Allure results: ``ci/allure-report.sh`` keeps history
+across generations (trend), ``ci/check_report.py`` passes in headless Chromium on a
+report with plots and fails on one without, and both refuse bad input with one line and
+exit 2. (The real run's report is checked in :mod:`tests.experiment.test_run_e2e`.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from harness.report import timeline_plot
+from harness.report.allure import ALLURE_DIR_ENV, RESULTS_DIR, write_allure_results
+from tests.report.allure_tools import ALLURE_REPORT, CHECK_REPORT, check, generate
+from tests.report.test_allure import META, judged, run_dir  # noqa: F401  (run_dir: a fixture)
+
+
+def test_history_gives_a_trend_when_runs_are_generated_into_one_report(run_dir, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.delenv(ALLURE_DIR_ENV, raising=False)
+    rep = judged(run_dir)
+    report = tmp_path / "report"
+    first, second = tmp_path / "results-1", tmp_path / "results-2"
+    write_allure_results(run_dir, rep, extra_dirs=[first])
+    generate(first, report)
+    assert not (first / "history").exists()   # nothing to carry on the first generation
+    write_allure_results(run_dir, dict(rep, verdict="fail"), extra_dirs=[second])   # a later run of one experiment
+    generate(second, report)
+    assert (second / "history" / "history-trend.json").is_file()   # REPORT/history carried into the results
+    trend = json.loads((report / "history" / "history-trend.json").read_text())
+    assert len(trend) == 2, trend
+    assert trend[0]["data"]["failed"] == 1 and trend[1]["data"]["passed"] == 1   # newest first
+    history = json.loads((report / "history" / "history.json").read_text())
+    (entry,) = history.values()   # one experiment file (keyed by Allure from our testCaseId and parameters)
+    assert [i["status"] for i in entry["items"]] == ["failed", "passed"]
+
+
+def test_the_browser_check_passes_with_plots_and_fails_without(run_dir, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.delenv(ALLURE_DIR_ENV, raising=False)
+    rep = judged(run_dir)
+    write_allure_results(run_dir, rep)
+    report = tmp_path / "report"
+    generate(run_dir / RESULTS_DIR, report)
+    res = check(report, tmp_path / "shots")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "plot shown at 1400x1000 px" in res.stdout
+    for shot in ("overview.png", "test-1.png"):
+        assert (tmp_path / "shots" / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the same run without its plot: the check must fail, naming it
+    monkeypatch.setattr(timeline_plot, "plot_timeline", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    write_allure_results(run_dir, rep)
+    bare = tmp_path / "bare"
+    generate(run_dir / RESULTS_DIR, bare)
+    res = check(bare, tmp_path / "shots-bare")
+    assert res.returncode == 1
+    assert "check_report: FAIL: " in res.stderr and "no 'timeline plot' attachment" in res.stderr
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    res = subprocess.run([str(ALLURE_REPORT), str(tmp_path / "nope"), str(tmp_path / "r")], capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "does not exist" in res.stderr
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "x-result.json").write_text("{}")
+    res = subprocess.run([str(ALLURE_REPORT), str(tmp_path / "results"), str(tmp_path / "r")], capture_output=True,
+                         text=True, env={"PATH": "/usr/bin:/bin", "ALLURE": str(tmp_path / "no-allure")})
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
+    assert "not an executable Allure command line" in res.stderr
+    res = subprocess.run([sys.executable, str(CHECK_REPORT), str(tmp_path), str(tmp_path / "shots")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "check_report: error: " in res.stderr
