@@ -254,7 +254,7 @@ def plot_timeline(run_dir: str | Path, out: str | Path | None = None, width_s: f
             ax_tps.text(x, 0.85, f" {e.get('server')} restarted", transform=ax_tps.get_xaxis_transform(),
                         fontsize=8, color="green", va="top")
     ax_acc.set_xlim(0, t1 - t0)
-    fig.tight_layout(rect=(0, 0, 1, 0.975))
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.92, bottom=0.06, hspace=0.12)   # fixed size: no layout pass
     path = Path(out) if out else d / PLOT_FILE
     try:
         fig.savefig(path, format="png")
