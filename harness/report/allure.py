@@ -31,7 +31,8 @@ The result:
   table as plain text (:func:`harness.report.summary.render_summary`), the tail of each
   server log (``logs/*``).
 
-Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
+With it, ``environment.properties`` (vLLM version, launcher, method, draft, k, host, Python)
+for the overview's Environment widget. Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
 also the directory named by ``$SPECCHAOS_ALLURE_DIR`` when set (added to: results of many
 runs gathered for one report).
 """
@@ -376,6 +377,18 @@ def _dirs(run_dir: Path, extra: list[str | Path] | None) -> list[Path]:
     return out
 
 
+def _write_environment(target: Path, report: dict[str, Any]) -> None:
+    """``environment.properties`` (Allure's overview widget "Environment"; the library has
+    no writer for it): the stack of the latest run written to ``target``."""
+    stack = report.get("stack") or {}
+    spec = stack.get("speculative") or {}
+    env = {"vLLM": stack.get("vllm_version"), "launcher": stack.get("launcher"), "method": spec.get("method"),
+           "draft": spec.get("draft"), "k": spec.get("num_speculative_tokens"), "host": platform.node(),
+           "python": platform.python_version()}
+    lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in env.items() if v is not None]
+    (target / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None,
                          extra_dirs: list[str | Path] | None = None) -> list[Path]:
     """Draw the timeline plot and write the run's Allure result (module doc) into
@@ -414,6 +427,7 @@ def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = No
             else:
                 logger.report_attached_data(body, file_name)
             result.attachments.append(Attachment(name=name, source=file_name, type=kind.mime_type))
+        _write_environment(Path(target), report)
         before = set(Path(target).glob("*-result.json"))
         logger.report_result(result)
         written += sorted(set(Path(target).glob("*-result.json")) - before)

@@ -159,6 +159,8 @@ def test_a_passed_run_gives_one_result_with_steps_params_labels_link_and_attachm
     assert tail[0] == "line 800" and tail[-1] == "line 999"
     assert json.loads((run_dir / RESULTS_DIR / atts["report.json"]["source"]).read_text())["verdict"] == "pass"
     assert (run_dir / "timeline.png").is_file()
+    env = (run_dir / RESULTS_DIR / "environment.properties").read_text().splitlines()
+    assert "vLLM=0.32.0" in env and "launcher=local" in env and "k=4" in env
 
 
 def test_a_failed_run_is_failed_with_the_failing_checks_as_message(run_dir):
