@@ -185,6 +185,7 @@ def text_of(dom: str) -> str:
 def check(report_dir: Path, shots: Path, browser: Browser, base: str) -> list[str]:
     """Run the checks (module doc); returns the failures, one line each."""
     cases = test_cases(report_dir)
+    shots.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
     overview = text_of(browser.dom(f"{base}/index.html"))
     missing = [c["name"] for c in cases if c["name"] not in overview]

@@ -69,3 +69,62 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     res = subprocess.run([sys.executable, str(CHECK_REPORT), str(tmp_path), str(tmp_path / "shots")],
                          capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "check_report: error: " in res.stderr
+
+
+# ------------------------------------------------------------------ check_report's checks, without a browser
+def _check_report_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_report", CHECK_REPORT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class StubBrowser:
+    """Answers --dump-dom with fixed pages; screenshots are tiny PNGs."""
+
+    def __init__(self, overview: str, page: str):
+        self.overview, self.page = overview, page
+
+    def dom(self, url: str) -> str:
+        return self.page if "#testresult/" in url else self.overview
+
+    def screenshot(self, url: str, path) -> bool:
+        path.write_bytes(b"\x89PNG\r\n\x1a\n")
+        return True
+
+
+def _fake_report(d, png: bytes = b"\x89PNG\r\n\x1a\nrest"):
+    (d / "data" / "test-cases").mkdir(parents=True)
+    (d / "data" / "attachments").mkdir()
+    (d / "index.html").write_text("<html><body></body></html>")
+    (d / "data" / "attachments" / "a1.png").write_bytes(png)
+    (d / "data" / "test-cases" / "u1.json").write_text(json.dumps({
+        "uid": "u1", "name": "Kill it", "testStage": {"attachments": [{"name": "timeline plot", "source": "a1.png"}]}}))
+    return d
+
+
+def test_check_report_fails_on_each_missing_piece(tmp_path):
+    cr = _check_report_module()
+    d = _fake_report(tmp_path / "rep")
+    server = cr.serve(d)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    good_page = '<html data-specchaos-plot="1400x1000"><body>Kill it attachments/a1.png</body></html>'
+    try:
+        ok = cr.check(d, tmp_path / "s1", StubBrowser("<body>Allure Kill it</body>", good_page), base)
+        assert ok == []
+        missing = cr.check(d, tmp_path / "s2", StubBrowser("<body>Allure</body>", good_page), base)
+        assert missing == ["the overview does not list the experiment 'Kill it'"]
+        no_plot = cr.check(d, tmp_path / "s3", StubBrowser("<body>Allure Kill it</body>",
+                                                          "<body>Kill it attachments/a1.png</body>"), base)
+        assert len(no_plot) == 1 and "the timeline plot is not shown" in no_plot[0]
+        tiny = cr.check(d, tmp_path / "s4", StubBrowser("<body>Allure Kill it</body>",
+                                                       good_page.replace("1400x1000", "20x10")), base)
+        assert len(tiny) == 1 and "too small" in tiny[0]
+        (d / "data" / "attachments" / "a1.png").write_bytes(b"GIF89a")
+        not_png = cr.check(d, tmp_path / "s5", StubBrowser("<body>Allure Kill it</body>", good_page), base)
+        assert len(not_png) == 1 and "is not a PNG" in not_png[0]
+    finally:
+        server.shutdown()
+        server.server_close()
