@@ -19,20 +19,25 @@ The result:
   not judged);
 * **parameters**: launcher, target, draft, method, k (``num_speculative_tokens``), fault
   kinds, seed, vLLM version;
-* **labels**: ``epic`` specchaos, ``feature`` per fault family, ``story`` the experiment's
-  title, ``parentSuite``/``suite``, ``severity`` (critical for a ``gate``-tagged
+* **labels**: ``epic`` specchaos, ``feature`` per fault family, ``story`` and ``suite``
+  the experiment's title (so the overview's Suites widget lists the experiments),
+  ``subSuite`` the fault families, ``severity`` (critical for a ``gate``-tagged
   experiment, else normal), a ``tag`` per experiment tag;
-* **link** to the experiment file; **testCaseId**/**historyId** the MD5 of the experiment
-  file's path (relative to the working directory when inside it), so Allure's history
-  and trend follow one experiment file across runs;
+* **link** to the experiment file (its blob URL at ``$GITHUB_SHA`` in GitHub Actions);
+  **testCaseId**/**historyId** the MD5 of the experiment file's path (relative to the
+  working directory when inside it; the title for a run without a file), so Allure's
+  history and trend follow one experiment file across runs (Allure 2.46 keys its history
+  by the test case and the parameters: a run with another draft or k is another line);
 * **description**: the experiment's description and verdict (and why the plot is
   missing, if it is);
 * **attachments**: ``timeline.png`` (image/png), ``report.json``, the journal, the summary
   table as plain text (:func:`harness.report.summary.render_summary`), the tail of each
   server log (``logs/*``).
 
-With it, ``environment.properties`` (vLLM version, launcher, method, draft, k, host, Python)
-for the overview's Environment widget. Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
+Next to it, ``environment.properties`` (vLLM version, launcher, method, draft, k, host,
+Python) for the overview's Environment widget.
+
+Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
 also the directory named by ``$SPECCHAOS_ALLURE_DIR`` when set (added to: results of many
 runs gathered for one report).
 """
@@ -223,7 +228,7 @@ def _journal_steps(journal: dict | None) -> list[TestStepResult]:
     for title, section in sections:
         if section is None:
             continue
-        runs = section.get("probes") or [] if isinstance(section, dict) else list(section)
+        runs = (section.get("probes") or []) if isinstance(section, dict) else list(section)
         children = _activity_steps(runs)
         status = _worst(children)
         if isinstance(section, dict) and section.get("steady_state_met") is False and status == Status.PASSED:
