@@ -2,15 +2,16 @@
 
 ``specchaos validate`` and ``specchaos run`` (before anything starts) call
 :func:`load_experiment`, and the ``specchaos`` control under plain ``chaos run`` calls
-:func:`check_experiment` on the document Chaos Toolkit loaded, so bad input never half-applies a fault and the two can never
-disagree. In order: the file parses (YAML/JSON, with line numbers); every fault action
-names a known family with valid arguments and an existing server; Chaos Toolkit's own
-validation passes (activities resolve, arguments bind to their functions' signatures);
-the ``specchaos`` control is declared; ``configuration.specchaos`` validates (each layer's
-block, plus the cross-block rules); the host can do what each fault asks
-(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the method
-injects a fault; and the stack's
-pre-flight (:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
+:func:`check_experiment` on the document Chaos Toolkit loaded, so bad input never
+half-applies a fault and the three can never disagree. In order: the file parses
+(YAML/JSON, with line numbers); every fault action names a known family with valid
+arguments and an existing server; Chaos Toolkit's own validation passes (activities
+resolve, arguments bind to their functions' signatures); the ``specchaos`` control is
+declared; ``configuration.specchaos`` validates (each layer's block, plus the
+cross-block rules); the host can do what each fault asks
+(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the
+method injects a fault; and the stack's pre-flight
+(:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
-    return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults], method_hold_s=method_hold_s(doc))
+    return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
+                      method_hold_s=method_hold_s(doc))
 
 
 def method_hold_s(doc: dict[str, Any]) -> float:

@@ -15,14 +15,17 @@ import logging
 from pathlib import Path
 
 import pytest
-import yaml
+from chaoslib.configuration import load_configuration
+from chaoslib.loader import load_experiment
 from chaostoolkit.commands import cli
 from click.testing import CliRunner
 
+from harness.experiment import control
+from harness.experiment import session as sess
 from harness.experiment.control import VERDICT_JOURNAL, apply_verdict
 from harness.experiment.rejudge import rejudge
 from tests.experiment.fast_e2e import fast_experiment
-from tests.experiment.files import EXPERIMENTS, experiment_doc, write
+from tests.experiment.files import EXPERIMENTS, ROOT, experiment_doc, write
 from tests.procs import leaked_since, sut_pids
 
 FILES = sorted(EXPERIMENTS.rglob("*.yaml"))
@@ -30,10 +33,12 @@ FILES = sorted(EXPERIMENTS.rglob("*.yaml"))
 
 @pytest.fixture(autouse=True)
 def chaos_logger():
-    """``chaos`` adds a handler to the ``chaostoolkit`` logger on every invocation: put it back."""
+    """``chaos`` adds a handler to the ``chaostoolkit`` logger on every invocation: put it
+    back (and forget a refused experiment)."""
     lg = logging.getLogger("chaostoolkit")
     saved = (list(lg.handlers), list(lg.filters), lg.level, lg.propagate)
     yield
+    control._refused = None   # a refusal is the control's state until the next configure_control
     lg.handlers[:], lg.filters[:] = saved[0], saved[1]
     lg.setLevel(saved[2])
     lg.propagate = saved[3]
@@ -56,6 +61,28 @@ def test_every_experiment_file_passes_chaos_validate(tmp_path, path):
     res = chaos(tmp_path, "validate", str(path))
     assert res.exit_code == 0, res.output
     assert "experiment syntax and semantic look valid" in res.output
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(EXPERIMENTS)) for p in FILES])
+def test_the_control_accepts_every_experiment_file(tmp_path, monkeypatch, path):
+    """What ``chaos run`` does before anything starts, on each file as Chaos Toolkit
+    loads it: the control validates it (as ``specchaos validate``) and opens a session
+    whose run directory holds what ``specchaos report`` needs. Nothing is started."""
+    monkeypatch.chdir(ROOT)   # the files name models_dir relative to the working directory
+    monkeypatch.setenv("SPECCHAOS_OUT", str(tmp_path / "out"))
+    doc = load_experiment(str(path))
+    control.configure_control(configuration=load_configuration(doc.get("configuration") or {}), experiment=doc)
+    try:
+        assert control._refused is None, control._refused
+        s = sess.peek()
+        assert s is not None and s.info.source == control.CHAOS_RUN and s.out_dir == tmp_path / "out"
+        assert s.faults_active() == 0 and s.info.faults, "the method's faults are declared"
+        for f in ("config.json", "experiment.json", "run.json"):
+            assert (tmp_path / "out" / f).is_file(), f
+    finally:
+        s = sess.peek()
+        if s is not None:
+            s.close()
 
 
 def test_chaos_validate_refuses_a_broken_experiment(tmp_path):
