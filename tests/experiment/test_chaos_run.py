@@ -26,6 +26,7 @@ from harness.experiment.control import VERDICT_JOURNAL, apply_verdict
 from harness.experiment.rejudge import rejudge
 from tests.experiment.fast_e2e import fast_experiment
 from tests.experiment.files import EXPERIMENTS, ROOT, experiment_doc, write
+from tests.experiment.test_safeguards import ERRORS_FORBIDDEN
 from tests.procs import leaked_since, sut_pids
 
 FILES = sorted(EXPERIMENTS.rglob("*.yaml"))
@@ -191,3 +192,21 @@ def test_chaos_run_fails_with_exit_1_and_a_deviated_journal(tmp_path, monkeypatc
     assert [c["name"] for c in again["checks"]] == [c["name"] for c in report["checks"]]
     saved = json.loads((out / "journal.json").read_text())
     assert "specchaos" not in saved and saved["deviated"] is False
+
+
+@pytest.mark.timeout(240)
+def test_chaos_run_aborted_by_a_safeguard_exits_1_with_an_aborted_journal(tmp_path, monkeypatch):
+    """A safeguard that forbids the kill's errors aborts the method with Chaos Toolkit's
+    graceful exit (SIGUSR1) under ``chaos``'s own signal handlers: verdict aborted, the
+    journal ``aborted`` (Chaos Toolkit alone: ``interrupted``), exit 1."""
+    before = sut_pids()
+    code, output, journal, out = _fake_chaos_run(
+        tmp_path, monkeypatch, "abort", safeguards=[ERRORS_FORBIDDEN],
+        stack={"restart": {"backoff_s": 5.0, "backoff_max_s": 5.0}})
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "aborted", (report["errors"], report.get("safeguards"))
+    assert code == 1
+    assert journal["status"] == "aborted" and journal["specchaos"]["chaostoolkit_status"] == "interrupted"
+    assert "safeguards.error_rate" in journal["specchaos"]["failed_checks"]
+    assert rejudge(out)["verdict"] == "aborted"
+    assert not leaked_since(before, wait_s=10)
