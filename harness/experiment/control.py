@@ -43,6 +43,7 @@ from harness.clock import now
 from harness.errors import SpecchaosError
 from harness.experiment import safeguards
 from harness.experiment import session as sess
+from harness.experiment.config import parse_config
 from harness.experiment.validate import check_experiment
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,10 @@ def configure_control(configuration: dict | None = None, experiment: dict | None
         return
     doc = experiment or {}
     try:
-        exp = check_experiment(doc, f"experiment {str(doc.get('title', ''))!r}")
+        label = f"experiment {str(doc.get('title', ''))!r}"
+        exp = check_experiment(doc, label)
+        if configuration and "specchaos" in configuration:   # as Chaos Toolkit resolved it (e.g. `chaos run --var`)
+            exp.cfg = parse_config(configuration["specchaos"], where=f"{label}: configuration.specchaos")
         out = _run_dir(Path(os.environ.get("SPECCHAOS_OUT") or f"results/chaos-{int(now())}"))
     except SpecchaosError as exc:
         _refused = exc.one_line()   # Chaos Toolkit logs it when the run is interrupted
