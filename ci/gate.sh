@@ -17,7 +17,7 @@
 #           PATH, or node_modules/.bin/allure).
 #
 # Environment: SPECCHAOS_GATE_OUT (run directories; default results/gate-<epoch>),
-# SPECCHAOS_GATE_ALLURE (Allure results; default results/allure-results, emptied first),
+# SPECCHAOS_GATE_ALLURE (Allure results; default results/allure-results, its files removed first),
 # SPECCHAOS_PYTHON (default .venv/bin/python), PYTEST_ADDOPTS (more pytest options).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +58,8 @@ fi
 
 OUT="${SPECCHAOS_GATE_OUT:-results/gate-$(date +%s)}"
 ALLURE_RESULTS="${SPECCHAOS_GATE_ALLURE:-results/allure-results}"
-rm -rf "$ALLURE_RESULTS" && mkdir -p "$ALLURE_RESULTS" || die "cannot create the Allure results directory $ALLURE_RESULTS"
+mkdir -p "$ALLURE_RESULTS" || die "cannot create the Allure results directory $ALLURE_RESULTS"
+find "$ALLURE_RESULTS" -maxdepth 1 -type f -delete   # this gate's results only (Allure's are flat files)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's harness, whatever the venv was installed from
 export PYTHONUNBUFFERED=1
 

@@ -37,8 +37,8 @@ loaded); this plugin writes no Allure file itself.
 
 **Gate mode** (``--specchaos-gate``, used by ``ci/gate.sh``): the session's exit status is
 0 when every selected experiment passed, 1 when one failed (or aborted) and none erred, 2 on
-any error, on no selected experiment (one line on stderr), and on pytest's own usage or
-collection errors. The verdict table (experiment, verdict, failing checks, duration) is
+any error, on nothing selected (one line on stderr), and on pytest's own usage or
+collection errors; a selected hand-written test that failed makes it at least 1. The verdict table (experiment, verdict, failing checks, duration) is
 printed after every run with experiment items, and written as ``<out>/verdicts.json``.
 
 **Fixtures** for hand-written chaos tests (function scope, one run directory per test under
@@ -341,14 +341,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         pool = {"starts": st.pool.starts, "reuses": st.pool.reuses} if st.pool else {}
         (st.out / "verdicts.json").write_text(json.dumps({"experiments": st.rows, "stacks": pool}, indent=2))
     if st.gate:
-        if int(exitstatus) in (int(pytest.ExitCode.OK), int(pytest.ExitCode.TESTS_FAILED),
-                               int(pytest.ExitCode.NO_TESTS_COLLECTED)):
-            if not st.rows:
-                print(f"gate: no gate-tagged experiment selected among {' '.join(map(str, session.config.args))} "
-                      f"(add `gate` to an experiment's tags)", file=sys.stderr)
-            session.exitstatus = gate_exit_code([r["verdict"] for r in st.rows])
-        else:   # interrupted, internal or usage error, collection errors
-            session.exitstatus = 2
+        session.exitstatus = _gate_status(session, st, int(exitstatus))
+
+
+def _gate_status(session: pytest.Session, st: _PluginState, exitstatus: int) -> int:
+    """Gate mode's exit status: :func:`gate_exit_code` over the experiments; a hand-written
+    gate test that failed makes it at least 1; pytest's own errors (interrupted, usage,
+    collection) are 2; nothing selected is 2 with one line on stderr."""
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+        return 2
+    if not st.rows and not session.items:   # -m gate deselected everything (or nothing was collected)
+        print(f"gate: no gate-tagged experiment selected among {' '.join(map(str, session.config.args))} "
+              f"(add `gate` to an experiment's tags)", file=sys.stderr)
+        return 2
+    code = gate_exit_code([r["verdict"] for r in st.rows]) if st.rows else 0
+    return max(code, 1) if exitstatus == pytest.ExitCode.TESTS_FAILED else code
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -1,6 +1,7 @@
 """ci/gate.sh, the pre-release gate: bad input (fast, nothing started) and two real-stack
-runs (short phases): one gate experiment passing and one made to fail by an impossible
-latency limit, run on ONE shared stack, exit 1; the passing one alone, exit 0."""
+runs (short phases): one gate experiment passing, one made to fail by an impossible latency
+limit and a hand-written test with the plugin's fixtures, run on ONE shared stack, exit 1;
+the passing one alone, exit 0."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from faults.ledger import Ledger
 from harness.stack.vllm import vllm_distribution
 from harness.timeline import read_timeline
-from tests.ci.helpers import ROOT, SHORT, gate, stderr_lines
+from tests.ci.helpers import SHORT, gate, stderr_lines
+
+#: A hand-written chaos test with the plugin's fixtures, run beside the experiments.
+EXAMPLE = Path(__file__).parent / "examples" / "chaos_fixtures.py"
 
 
 # ---------------------------------------------------------------------- bad input: one line, exit 2
@@ -81,14 +86,19 @@ def real_vllm():
 @pytest.mark.stack
 def test_gate_fails_on_an_impossible_limit_with_both_runs_on_one_stack(real_vllm, tmp_path):
     out = tmp_path / "out"
-    proc = gate(str(SHORT), str(_impossible(tmp_path)), SPECCHAOS_GATE_OUT=str(out),
+    proc = gate(str(SHORT), str(_impossible(tmp_path)), str(EXAMPLE), SPECCHAOS_GATE_OUT=str(out),
                 SPECCHAOS_GATE_ALLURE=str(tmp_path / "allure"))
     assert proc.returncode == 1, proc.stdout[-3000:]
     verdicts = json.loads((out / "verdicts.json").read_text())
     rows = verdicts["experiments"]
     assert [r["verdict"] for r in rows] == ["pass", "fail"]
     assert "slo.baseline.ttft_p95_s" in rows[1]["failing"]
-    assert verdicts["stacks"] == {"starts": 1, "reuses": 1}   # the stack started ONCE
+    # the stack started ONCE: reused by the second experiment and by the hand-written test
+    assert verdicts["stacks"] == {"starts": 1, "reuses": 2}
+    assert "2 passed, 1 failed" in proc.stdout or "1 failed, 2 passed" in proc.stdout
+    # the fixtures' fault was cleared at teardown (the ledger of the hand-written test)
+    ledgers = list((out / "tests").glob("*/ledger.jsonl"))
+    assert len(ledgers) == 1 and [e["state"] for e in Ledger(ledgers[0]).entries()] == ["cleared"]
     # the same evidence in each run's timeline: started by the first run, reused by the second
     first, second = (Path(r["run_dir"]) for r in rows)
     pooled = [[e for e in read_timeline(d / "timeline.jsonl") if e["event"] == "stack_pooled"] for d in (first, second)]
@@ -102,7 +112,7 @@ def test_gate_fails_on_an_impossible_limit_with_both_runs_on_one_stack(real_vllm
     table = proc.stdout[proc.stdout.index("experiment  "):]
     assert re.search(r"Short freeze of the engine \(test fixture\)\s+pass\s+-\s+\d+ s", table)
     assert re.search(r"Short freeze, impossible TTFT limit \(test fixture\)\s+fail\s+slo\.baseline\.ttft_p95_s", table)
-    assert "stacks started: 1, reused: 1" in proc.stdout
+    assert "stacks started: 1, reused: 2" in proc.stdout
 
 
 @pytest.mark.stack
