@@ -100,3 +100,52 @@ def test_a_named_yaml_file_that_is_no_experiment_is_one_line():
     bad = pytest_plugin("--collect-only", "-q", ".github/workflows/chaos-nightly.yml")
     assert bad.returncode != 0
     assert "not a specchaos experiment: no configuration.specchaos block" in bad.stdout
+
+
+def test_sigterm_stops_the_shared_stack_and_leaves_no_run_state(tmp_path):
+    """A gate run with the fake launcher (fast path: the harness's supervisor around the fake
+    vLLM) gets SIGTERM once its pooled stack is up: the pytest session ends, every process of
+    the pooled stack is gone, and no run state file is left for ``specchaos cleanup``."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.ci.helpers import PLUGIN, ROOT, env
+    from tests.experiment.fast_e2e import fast_experiment
+
+    exp = fast_experiment(tmp_path, "fast-gate")
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *PLUGIN, "-q", "--specchaos-gate",
+                             "--specchaos-out", str(tmp_path / "out"), str(exp)], cwd=ROOT,
+                            env=env(SPECCHAOS_STATE_DIR=str(state), SPECCHAOS_LAUNCHERS="fake=tests.fakes.stack:FakeStack"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not pids:
+            for f in (state / "runs").glob("*.json") if (state / "runs").exists() else []:
+                try:
+                    data = json.loads(f.read_text())
+                except ValueError:
+                    continue
+                if "/stacks/stack-" in data["out_dir"]:
+                    pids = [p["pid"] for p in data["processes"]]
+            time.sleep(0.2)
+        assert pids, "the pooled stack never registered its processes"
+        time.sleep(2)   # into the run
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, out[-3000:]
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not list((state / "runs").glob("*.json")), "a run state file was left behind"
+    rows = json.loads((tmp_path / "out" / "verdicts.json").read_text())["experiments"]
+    assert rows[0]["verdict"] == "error" and any("SIGTERM" in e for e in rows[0]["errors"]), rows
+    assert os.path.exists(tmp_path / "out" / "01-fast-gate" / "report.json")
