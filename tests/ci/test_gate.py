@@ -62,6 +62,7 @@ def test_an_experiment_that_does_not_validate_is_an_error(tmp_path):
                 SPECCHAOS_GATE_ALLURE=str(tmp_path / "allure"))
     assert proc.returncode == 2
     assert "configuration.specchaos.stack.draft" in proc.stdout   # the item's error names the field
+    assert re.search(r"\b1 error\b", proc.stdout) and "failed" not in proc.stdout.splitlines()[-1]   # an error, not a failure
     rows = json.loads((tmp_path / "out" / "verdicts.json").read_text())["experiments"]
     assert [r["verdict"] for r in rows] == ["error"]
 
