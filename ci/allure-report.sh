@@ -3,9 +3,10 @@
 #   ci/allure-report.sh RESULTS_DIR REPORT_DIR
 # REPORT_DIR/history (from the report generated last time) is copied into RESULTS_DIR/history
 # first, so reports generated again into one REPORT_DIR show the trend across runs.
-# The Allure command line (npm package allure-commandline; needs Java): $ALLURE, else
-# `allure` on PATH, else .cache/allure/node_modules/.bin/allure, else installed there with
-# npm. Missing and not installable: one line on stderr, exit 2.
+# The Allure command line (npm package allure-commandline; needs Java): $ALLURE_CLI or $ALLURE
+# (as ci/gate.sh sets it), else `allure` on PATH, else node_modules/.bin/allure (the
+# workflows' npm install), else .cache/allure/node_modules/.bin/allure, else installed there
+# with npm. Missing and not installable: one line on stderr, exit 2.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [ $# -ne 2 ]; then
@@ -23,20 +24,23 @@ if ! ls "$RESULTS"/*-result.json >/dev/null 2>&1; then
   exit 2
 fi
 
+GIVEN="${ALLURE_CLI:-${ALLURE:-}}"
 find_allure() {
-  if [ -n "${ALLURE:-}" ]; then
-    [ -x "$ALLURE" ] && { echo "$ALLURE"; return 0; }
+  if [ -n "$GIVEN" ]; then
+    command -v "$GIVEN" 2>/dev/null && return 0
     return 1
   fi
   command -v allure 2>/dev/null && return 0
-  local local_bin="$ROOT/.cache/allure/node_modules/.bin/allure"
-  [ -x "$local_bin" ] && { echo "$local_bin"; return 0; }
+  local b
+  for b in "$ROOT/node_modules/.bin/allure" "$ROOT/.cache/allure/node_modules/.bin/allure"; do
+    [ -x "$b" ] && { echo "$b"; return 0; }
+  done
   return 1
 }
 
 if ! BIN="$(find_allure)"; then
-  if [ -n "${ALLURE:-}" ]; then
-    echo "allure-report: error: \$ALLURE=$ALLURE is not an executable Allure command line" >&2
+  if [ -n "$GIVEN" ]; then
+    echo "allure-report: error: $GIVEN (\$ALLURE_CLI or \$ALLURE) is not an executable Allure command line" >&2
     exit 2
   fi
   if command -v npm >/dev/null 2>&1; then

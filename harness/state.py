@@ -75,6 +75,13 @@ class RunState:
             self.data["processes"] = [p for p in self.data["processes"] if p["pid"] != pid]
             self._write()
 
+    def set_processes(self, processes: list[dict[str, Any]]) -> None:
+        """Replace the registered processes (``[{"pid", "create_time", "role"}]``), e.g. with
+        the live trees of a stack that outlives the run that started it (:mod:`harness.stack.pool`)."""
+        with self._lock:
+            self.data["processes"] = list(processes)
+            self._write()
+
     def close(self) -> None:
         """Clean end: forget the run."""
         with self._lock:

@@ -32,6 +32,7 @@ LAYERS = {
     "harness.report": 4,
     "harness.experiment": 5,
     "harness.cli": 6,
+    "harness.pytest_plugin": 6,
     "chaosspecchaos": 6,
 }
 LOWER = ("harness.stack", "harness.load", "harness.metrics", "harness.checks", "faults")
@@ -55,8 +56,8 @@ def package_of(mod: str) -> str:
     parts = mod.split(".")
     if parts[0] in ("faults", "chaosspecchaos"):
         return parts[0]
-    if mod == "harness.cli":
-        return "harness.cli"
+    if mod in ("harness.cli", "harness.pytest_plugin"):
+        return mod
     if len(parts) >= 2 and f"harness.{parts[1]}" in LAYERS:
         return f"harness.{parts[1]}"
     return "harness"

@@ -4,14 +4,15 @@ simplest honest way to share it).
 
 The session owns the run directory and orders its resources:
 
-    start():  stack (both servers, built by the launcher factory) → the declared faults
+    start():  stack (both servers, built by the launcher factory, or with a stack provider set
+              a started one from it: see :func:`set_stack_provider`) → the declared faults
               prepare the load path → prompt set → reference outputs → health sampler
               → GPU telemetry sampler → metrics scraper (every server's /metrics) → the speculation
               circuit breaker, subscribed to the scraper (when ``stack.breaker.enabled``) → locust load
               (to ``load_urls["spec"]``, and in mirror mode to ``load_urls["ref"]`` too) → warm-up
               → ``baseline`` phase
     close():  stop load → stop the dense recovery probes → stop the breaker → clear every fault → release the load path → stop health
-              sampler → stop GPU telemetry → stop metrics scraper → stop stack → forget the run state (idempotent; also run on
+              sampler → stop GPU telemetry → stop metrics scraper → stop stack (or give it back to the provider) → forget the run state (idempotent; also run on
               errors and signals)
 
 Nothing here judges: judgement is :func:`harness.report.judge.judge_run` over the files
@@ -51,6 +52,7 @@ from harness.report.allure import publish_allure
 from harness.report.json_report import write_report
 from harness.stack.breaker import SpeculationBreaker
 from harness.stack.launchers import make_stack
+from harness.stack.pool import StackProvider
 from harness.stack.preflight import resolve_models
 from harness.stack.vllm import installed_vllm_version
 from harness.state import RunState, set_current
@@ -136,6 +138,7 @@ class Session:
         set_current(self.run_state)
         self.fault_ctx = InjectionContext(stack=None, timeline=self.timeline, ledger=self.ledger)
         self.injector = FaultInjector(self.fault_ctx)
+        self._provider = stack_provider   # fixed for this run (see set_stack_provider)
         self.write_meta()   # so a run killed with SIGKILL can still be re-judged
 
     # ------------------------------------------------------------------ paths
@@ -160,10 +163,14 @@ class Session:
         """
         cfg = self.cfg
         target_dir = resolve_models(cfg.stack).target
-        self.stack = make_stack(cfg.stack, self.out_dir, timeline=self.timeline)
-        self.fault_ctx.stack = self.stack
-        log.info("starting the stack (launcher=%s)", self.stack.launcher)
-        self.stack.start()
+        if self._provider is None:   # the default: this run's own stack
+            self.stack = make_stack(cfg.stack, self.out_dir, timeline=self.timeline)
+            self.fault_ctx.stack = self.stack
+            log.info("starting the stack (launcher=%s)", self.stack.launcher)
+            self.stack.start()
+        else:   # a started (maybe shared) stack from the provider (the pytest plugin's pool)
+            self.stack = self._provider.acquire(cfg.stack, self.out_dir, self.timeline)
+            self.fault_ctx.stack = self.stack
         spec = self.stack.servers["spec"]
         for name, server in self.stack.servers.items():
             self.fault_ctx.load_urls.setdefault(name, server.base_url)
@@ -315,7 +322,7 @@ class Session:
                 ("stop health sampler", self.health.stop if self.health else None),
                 ("stop GPU telemetry", self.gpu.stop if self.gpu else None),
                 ("stop metrics scraper", self.scraper.stop if self.scraper else None),
-                ("stop stack", self.stack.stop if self.stack else None),
+                ("stop stack", self._let_go_stack if self.stack else None),
             ]
             for what, step in steps:
                 if step is None:
@@ -331,6 +338,16 @@ class Session:
                     self.errors.append(f"cleanup: {what}: {text}")
             self.run_state.close()
             set_current(None)
+
+    def _let_go_stack(self) -> None:
+        """Stop the stack, or hand it back to its provider (clean: no open fault in the
+        ledger, no failed cleanup step, no interruption)."""
+        if self._provider is None:
+            self.stack.stop()
+            return
+        clean = (not self.interrupted and not self.ledger.open_faults()
+                 and not any(e.startswith("cleanup: ") for e in self.errors))
+        self._provider.release(self.stack, self.out_dir, clean)
 
     def judge(self, journal: dict | None = None) -> dict[str, Any]:
         """Judge the recorded data (see :func:`harness.report.judge.judge_run`) with the
@@ -383,6 +400,17 @@ class Session:
 
 
 _session: Session | None = None
+
+#: Where :meth:`Session.start` gets its stack and :meth:`Session.close` returns it
+#: (:class:`harness.stack.pool.StackProvider`); None, the default (CLI, ``chaos run``):
+#: each run builds its own stack with ``make_stack`` and stops it.
+stack_provider: StackProvider | None = None
+
+
+def set_stack_provider(provider: StackProvider | None) -> None:
+    """Use ``provider`` for the stacks of sessions opened from now on (None: the default)."""
+    global stack_provider
+    stack_provider = provider
 
 
 def open_session(info: RunInfo) -> Session:

@@ -1,15 +1,17 @@
 """Parse and validate an experiment file: the one validation path.
 
 ``specchaos validate`` and ``specchaos run`` (before anything starts) call
-:func:`load_experiment`, so bad input never half-applies a fault and the two can never
-disagree. In order: the file parses (YAML/JSON, with line numbers); every fault action
-names a known family with valid arguments and an existing server; Chaos Toolkit's own
-validation passes (activities resolve, arguments bind to their functions' signatures);
-the ``specchaos`` control is declared; ``configuration.specchaos`` validates (each layer's
-block, plus the cross-block rules); the host can do what each fault asks
-(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the method
-injects a fault; and the stack's
-pre-flight (:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
+:func:`load_experiment`, and the ``specchaos`` control under plain ``chaos run`` calls
+:func:`check_experiment` on the document Chaos Toolkit loaded, so bad input never
+half-applies a fault and the three can never disagree. In order: the file parses
+(YAML/JSON, with line numbers); every fault action names a known family with valid
+arguments and an existing server; Chaos Toolkit's own validation passes (activities
+resolve, arguments bind to their functions' signatures); the ``specchaos`` control is
+declared; ``configuration.specchaos`` validates (each layer's block, plus the
+cross-block rules); the host can do what each fault asks
+(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the
+method injects a fault; and the stack's pre-flight
+(:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from harness.experiment.config import SpecchaosConfig, parse_config
 from harness.metrics.phases import PHASES
 from harness.stack.preflight import check_stack
 
-__all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment"]
+__all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment",
+           "check_experiment"]
 
 CONTROL_MODULE = "harness.experiment.control"
 ACTIONS_MODULE = "harness.experiment.actions"
@@ -187,7 +190,17 @@ def load_experiment(path: str | Path) -> Experiment:
         StackError: an explicitly configured port is already in use.
     """
     path = Path(path)
-    doc = parse_file(path)
+    return check_experiment(parse_file(path), path)
+
+
+def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
+    """Validate a parsed experiment document (every step of :func:`load_experiment` after
+    parsing). ``path`` names the document in error messages: the file, or under plain
+    ``chaos run`` (which hands the control the document, not its path) a label.
+
+    Raises:
+        ExperimentError, ModelError, StackError: as :func:`load_experiment`.
+    """
     faults = list(fault_activities(doc, where=str(path)))   # before Chaos Toolkit: errors name the field
     try:
         ensure_experiment_is_valid(doc)
@@ -236,7 +249,8 @@ def load_experiment(path: str | Path) -> Experiment:
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
-    return Experiment(path=path, doc=doc, cfg=cfg, faults=[f for _, _, f in faults], method_hold_s=method_hold_s(doc))
+    return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
+                      method_hold_s=method_hold_s(doc))
 
 
 def method_hold_s(doc: dict[str, Any]) -> float:

@@ -232,3 +232,38 @@ def test_allure_results_html_report_and_browser_check(default_run):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert (artifacts / "screenshots" / "overview.png").is_file()
     assert (artifacts / "screenshots" / "test-1.png").is_file()
+
+
+def test_plain_chaos_run_says_the_specchaos_verdict(tmp_path):
+    """Plain ``chaos run`` (Chaos Toolkit's own CLI) of the default experiment with short
+    phases and an impossible recovery limit (healthy 1 ms after the kill): Chaos Toolkit
+    alone would call it completed (its hypothesis holds); the specchaos control makes the
+    journal deviated and ``chaos`` exit 1, and ``specchaos report`` on the run directory
+    gives the verdict chaos reported. (The mapping for every verdict, pass with exit 0
+    included, is tested on the fake in tests/experiment/test_chaos_run.py.)"""
+    out = tmp_path / "out"
+    exp = variant(tmp_path, "chaos-run", **{"phases.baseline_s": 15, "phases.after_s": 15,
+                                            "recovery.time_to_healthy_s": 0.001})
+    (tmp_path / "settings.yaml").touch()
+    journal_path = tmp_path / "journal.json"
+    before = sut_pids()
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "chaostoolkit", "--no-version-check", "--no-log-file", "--settings",
+                           str(tmp_path / "settings.yaml"), "run", "--journal-path", str(journal_path), str(exp)],
+                          cwd=ROOT, env=dict(os.environ, SPECCHAOS_OUT=str(out), PYTHONUNBUFFERED="1"),
+                          capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-3000:], proc.stderr[-3000:], f"\nplain chaos run wall time: {time.monotonic() - t0:.0f} s")
+    journal = json.loads(journal_path.read_text())
+    report = json.loads((out / "report.json").read_text())
+    print("Chaos Toolkit alone:", journal["specchaos"]["chaostoolkit_status"],
+          "deviated" if journal["specchaos"]["chaostoolkit_deviated"] else "not deviated")
+    assert report["verdict"] == "fail", (report["errors"], [c for c in report["checks"] if not c["passed"]])
+    assert "recovery.time_to_healthy_s" in journal["specchaos"]["failed_checks"], journal["specchaos"]
+    assert proc.returncode == 1
+    assert journal["deviated"] is True and journal["specchaos"]["verdict"] == "fail"
+    assert report["source"] == "chaos run" and report["restarts"] >= 1
+    assert leaked_since(before) == []
+    again = specchaos("report", str(out))
+    output, _ = again.communicate(timeout=120)
+    assert again.returncode == 1, output
+    assert json.loads((out / "report.json").read_text())["verdict"] == "fail"

@@ -1,0 +1,257 @@
+"""Started stacks kept for reuse across experiment runs of one process (the pytest plugin).
+
+A *stack provider* is the seam :class:`harness.experiment.session.Session` asks for its
+stack: ``acquire(cfg, run_dir, timeline)`` returns a started stack, ``release(stack,
+run_dir, clean)`` takes it back when the run closes. Without a provider (the CLI, plain
+``chaos run``) a session builds its stack with :func:`harness.stack.launchers.make_stack`
+and stops it, exactly as before. :class:`StackPool` is the provider of the pytest plugin:
+
+* **key**: the ``stack`` block as validated (:func:`stack_key`): runs whose
+  stack configurations are equal share one started stack; a different block gets its own.
+* **where a pooled stack writes**: its servers' logs go to ``<base>/stack-<key12>-<n>/logs/``;
+  at release, the bytes each log gained during the run are copied to the run's
+  ``logs/<name>-server.log`` (the first run's copy includes the startup). Its ``stack``
+  events go to the timeline of the run that holds it (rebound at acquire), and between runs
+  to ``<base>/stack-<key12>-<n>/timeline.jsonl``. Each run's timeline gets one
+  ``stack_pooled`` event (``key``, ``uses``: 1 when this run started it, ``starts``: stacks
+  this pool started so far, ``stack_dir``) before anything else of the run acts.
+* **reuse only when fit**: the previous run released it *clean* (its fault ledger had no
+  open fault, no cleanup step failed, no signal interrupted it), every server is up in its
+  first incarnation (no supervised restart and no planned respeculation happened, so each
+  run gets the whole ``restart.max_restarts`` budget and the configured speculative
+  settings), and each server answers ``GET /health`` 200 and a 1-token greedy completion
+  within :data:`PROBE_TIMEOUT_S`. Otherwise the stack is stopped and a fresh one started
+  (``stack_replaced`` on the run's timeline, with the ``reason``).
+* **crash safety**: each pooled stack has its own run state file (:mod:`harness.state`),
+  rewritten with its live process trees at start and at every release, so ``specchaos
+  cleanup`` finds it after a crash between runs; :meth:`StackPool.close` stops every stack
+  (the plugin calls it at the end of the pytest session, on SIGINT/SIGTERM too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from harness.clock import now
+from harness.state import RunState
+from harness.stack.launchers import make_stack
+from harness.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StackProvider", "StackPool", "stack_key", "PROBE_TIMEOUT_S"]
+
+#: Seconds each server gets to answer the health probe and the 1-token completion before reuse.
+PROBE_TIMEOUT_S = 10.0
+
+
+class StackProvider(Protocol):
+    """Where a session gets its started stack and returns it (see module doc)."""
+
+    def acquire(self, cfg: Any, run_dir: Path, timeline: Timeline) -> Any:
+        """A started stack for ``cfg`` (a StackConfig) whose ``stack`` events go to ``timeline``.
+
+        Raises:
+            SpecchaosError: as :meth:`harness.stack.base.Stack.start` (nothing is left running).
+        """
+
+    def release(self, stack: Any, run_dir: Path, clean: bool) -> None:
+        """The run is over; ``clean``: no fault left open, no cleanup failure, no interruption."""
+
+
+def stack_key(cfg: Any) -> str:
+    """The pool key of a validated ``stack`` block: sha256 (hex) of its JSON with sorted keys,
+    ``models_dir`` made absolute (``models`` and ``/repo/models`` name one directory)."""
+    data = cfg.model_dump(mode="json")
+    if data.get("models_dir"):
+        data["models_dir"] = str(Path(data["models_dir"]).resolve())
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class _Pooled:
+    key: str
+    stack: Any
+    stack_dir: Path
+    state: RunState
+    idle_timeline: Timeline
+    busy: bool = True
+    clean: bool = True
+    uses: int = 1
+    log_offsets: dict[str, tuple[Path, int]] = field(default_factory=dict)
+
+
+class StackPool:
+    """A :class:`StackProvider` that keeps started stacks for reuse (see module doc).
+
+    Args:
+        base_dir: where pooled stacks write their logs and idle timeline.
+
+    Attributes ``starts`` (stacks started) and ``reuses`` (runs given an already started
+    stack) count over the pool's life.
+    """
+
+    def __init__(self, base_dir: str | os.PathLike):
+        self.base_dir = Path(base_dir)
+        self.starts = 0
+        self.reuses = 0
+        self._pooled: list[_Pooled] = []
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ provider
+    def acquire(self, cfg: Any, run_dir: Path, timeline: Timeline) -> Any:
+        key = stack_key(cfg)
+        with self._lock:
+            for p in [p for p in self._pooled if p.key == key and not p.busy]:
+                why = self._unfit(p)
+                if why is None:
+                    p.busy, p.uses = True, p.uses + 1
+                    self.reuses += 1
+                    _rebind(p.stack, timeline)
+                    p.log_offsets = _log_offsets(p.stack)
+                    timeline.emit("stack", "stack_pooled", key=key[:12], uses=p.uses, starts=self.starts,
+                                  stack_dir=str(p.stack_dir))
+                    log.info("reusing the started stack %s (use %d)", p.stack_dir.name, p.uses)
+                    return p.stack
+                log.info("not reusing the stack %s: %s; starting a fresh one", p.stack_dir.name, why)
+                timeline.emit("stack", "stack_replaced", key=key[:12], reason=why, stack_dir=str(p.stack_dir))
+                self._stop(p)
+            stack_dir = self.base_dir / f"stack-{key[:12]}-{self.starts + 1}"
+            stack_dir.mkdir(parents=True, exist_ok=True)
+            stack = make_stack(cfg, stack_dir, timeline=timeline)
+            log.info("starting a pooled stack in %s (launcher=%s)", stack_dir, stack.launcher)
+            stack.start()   # stops what it started on failure
+            self.starts += 1
+            p = _Pooled(key, stack, stack_dir, RunState(stack_dir), Timeline(stack_dir / "timeline.jsonl"))
+            p.log_offsets = {name: (path, 0) for name, (path, _) in _log_offsets(stack).items()}
+            _sync_state(p)
+            self._pooled.append(p)
+            timeline.emit("stack", "stack_pooled", key=key[:12], uses=1, starts=self.starts, stack_dir=str(stack_dir))
+            return stack
+
+    def release(self, stack: Any, run_dir: Path, clean: bool) -> None:
+        with self._lock:
+            p = next((p for p in self._pooled if p.stack is stack), None)
+            if p is None:   # not ours: stop it as a session without provider would
+                stack.stop()
+                return
+            _copy_log_slices(p, Path(run_dir) / "logs")
+            p.busy, p.clean = False, clean
+            _rebind(stack, p.idle_timeline)
+            if not clean or self._closed:
+                log.info("stopping the stack %s: %s", p.stack_dir.name,
+                         "the pool is closed" if clean else "its run did not end clean")
+                self._stop(p)
+                return
+            _sync_state(p)
+
+    # ------------------------------------------------------------------ life
+    def close(self) -> None:
+        """Stop every pooled stack (idempotent; safe in a signal handler's aftermath)."""
+        with self._lock:
+            self._closed = True
+            for p in list(self._pooled):
+                self._stop(p)
+
+    def __enter__(self) -> "StackPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _stop(self, p: _Pooled) -> None:
+        try:
+            p.stack.stop()
+        finally:
+            p.state.close()
+            with contextlib.suppress(ValueError):
+                self._pooled.remove(p)
+
+    def _unfit(self, p: _Pooled) -> str | None:
+        """Why ``p`` must not be reused, or None."""
+        if not p.clean:
+            return "its last run did not end clean"
+        for name, server in p.stack.servers.items():
+            if getattr(server, "incarnation", 0) != 0:
+                return f"server {name} restarted (incarnation {server.incarnation})"
+            is_up = getattr(server, "is_up", None)
+            if is_up is not None and not is_up():
+                return f"server {name} is {getattr(server, 'state', 'down')}"
+            problem = _probe(server)
+            if problem:
+                return f"server {name}: {problem}"
+        return None
+
+
+def _probe(server: Any) -> str | None:
+    """None when ``server`` answers /health 200 and a 1-token greedy completion; else why not."""
+    try:
+        with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+            r = client.get(f"{server.base_url}/health")
+            if r.status_code != 200:
+                return f"/health answered {r.status_code}"
+            r = client.post(f"{server.base_url}/v1/completions",
+                            json={"model": server.model, "prompt": "ping", "max_tokens": 1, "temperature": 0})
+            if r.status_code != 200 or not r.json().get("choices"):
+                return f"a 1-token completion answered {r.status_code}"
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"probe failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _rebind(stack: Any, timeline: Timeline) -> None:
+    """Send the stack's (and its servers') ``stack`` events to ``timeline`` from now on."""
+    if hasattr(stack, "timeline"):
+        stack.timeline = timeline
+    for server in stack.servers.values():
+        if hasattr(server, "timeline"):
+            server.timeline = timeline
+
+
+def _log_offsets(stack: Any) -> dict[str, tuple[Path, int]]:
+    """Server name → (its log file, current size in bytes) for servers that log to a file."""
+    out = {}
+    for name, server in stack.servers.items():
+        path = getattr(server, "log_path", None)
+        if path is not None:
+            path = Path(path)
+            out[name] = (path, path.stat().st_size if path.exists() else 0)
+    return out
+
+
+def _copy_log_slices(p: _Pooled, logs_dir: Path) -> None:
+    """Copy what each server log gained since the run acquired the stack into ``logs_dir``."""
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    for _name, (path, offset) in p.log_offsets.items():
+        if not path.exists():
+            continue
+        with open(path, "rb") as src, open(logs_dir / path.name, "wb") as dst:
+            src.seek(offset)
+            dst.write(f"# specchaos: pooled stack {p.stack_dir} (use {p.uses}), log from byte {offset} at "
+                      f"{now():.3f}\n".encode())
+            shutil.copyfileobj(src, dst)
+
+
+def _sync_state(p: _Pooled) -> None:
+    """Rewrite the pooled stack's run state with its live processes (for ``specchaos cleanup``)."""
+    procs: list[dict[str, Any]] = []
+    for name, server in p.stack.servers.items():
+        roles = server.roles() if hasattr(server, "roles") else {}
+        for role, members in roles.items():
+            for proc in members:
+                with contextlib.suppress(Exception):
+                    procs.append({"pid": proc.pid, "create_time": proc.create_time(),
+                                  "role": f"server:{name}" + ("" if role == "api" else f":{role}")})
+    p.state.set_processes(procs)

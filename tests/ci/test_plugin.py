@@ -1,0 +1,151 @@
+"""The pytest plugin's pure parts (verdict → outcome, tags → markers, the failure message,
+the gate's exit code, the table) and its collection (in a subprocess, nothing started)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness.pytest_plugin import (MARKERS, failure_message, gate_exit_code, markers_of, outcome_of,
+                                   verdict_table)
+from tests.ci.helpers import SHORT, pytest_plugin
+
+
+@pytest.mark.parametrize("verdict, outcome", [
+    ("pass", "passed"), ("fail", "failed"), ("aborted", "failed"), ("error", "error"),
+    (None, "error"), ("weird", "error"),
+])
+def test_verdict_to_outcome(verdict, outcome):
+    assert outcome_of(verdict) == outcome
+
+
+@pytest.mark.parametrize("verdicts, code", [
+    (["pass"], 0), (["pass", "pass"], 0), (["pass", "fail"], 1), (["aborted"], 1),
+    (["fail", "error"], 2), (["pass", None], 2), ([], 2),
+])
+def test_gate_exit_code(verdicts, code):
+    assert gate_exit_code(verdicts) == code
+
+
+def test_tags_to_markers():
+    assert markers_of(["specchaos", "slow", "process-kill", "gate", "chaos"]) == ["chaos", "gate", "slow"]
+    assert markers_of(["specchaos", "network"]) == []
+    assert markers_of(None) == [] and markers_of("gate") == []   # not a list: no marker
+    assert set(MARKERS) == {"chaos", "gate", "slow"}
+
+
+REPORT = {"experiment": "x", "verdict": "fail", "errors": [], "checks": [
+    {"name": "slo.baseline.ttft_p95_s", "passed": False, "observed": 0.0312, "limit": 1e-06,
+     "detail": "baseline p95 TTFT (s) 0.0312 > 1e-06"},
+    {"name": "integrity.mismatched", "passed": True, "observed": 0, "limit": 0},
+    {"name": "recovery.time_to_slo_s", "passed": None, "observed": None, "limit": 30},   # not judged
+]}
+
+
+def test_failure_message_lists_each_failing_check_with_observed_and_limit(tmp_path):
+    text = failure_message(REPORT, tmp_path)
+    assert text.splitlines()[0] == "verdict: fail (x)"
+    assert "  slo.baseline.ttft_p95_s: observed 0.0312, limit 1e-06 (baseline p95 TTFT (s) 0.0312 > 1e-06)" in text
+    assert "integrity.mismatched" not in text and "recovery.time_to_slo_s" not in text
+    assert str(tmp_path / "report.json") in text
+    err = failure_message({"verdict": "error", "errors": ["start failed: port 8000 in use"], "checks": []})
+    assert "  error: start failed: port 8000 in use" in err
+
+
+def test_verdict_table_is_compact():
+    rows = [{"experiment": "Kill the drafting worker", "verdict": "pass", "failing": [], "duration_s": 171.4},
+            {"experiment": "Short", "verdict": "fail", "failing": ["a", "b", "c", "d"], "duration_s": 9.6}]
+    lines = verdict_table(rows).splitlines()
+    assert re.split(r"\s{2,}", lines[0]) == ["experiment", "verdict", "failing checks", "duration"]
+    assert re.split(r"\s{2,}", lines[1]) == ["Kill the drafting worker", "pass", "-", "171 s"]
+    assert re.split(r"\s{2,}", lines[2]) == ["Short", "fail", "a, b +2 more", "10 s"]
+    assert len({line.index(" pass") if " pass" in line else line.index(" fail") for line in lines[1:]}) == 1
+
+
+def _collected(proc) -> list[str]:
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_collects_one_item_per_experiment_with_markers_from_tags():
+    proc = pytest_plugin("--collect-only", "-q", "experiments/")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    items = _collected(proc)
+    assert len(items) == 8, items   # 7 experiments + selftest/corrupt-stream.yaml; nothing started
+    assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items
+    gate = _collected(pytest_plugin("--collect-only", "-q", "-m", "gate", "experiments/"))
+    assert sorted(i.split("::")[0] for i in gate) == [
+        "experiments/client-abort.yaml", "experiments/kill-draft-worker.yaml", "experiments/network-jitter.yaml"]
+    slow = _collected(pytest_plugin("--collect-only", "-q", "-m", "slow", "experiments/"))
+    assert sorted(i.split("::")[0] for i in slow) == [
+        "experiments/bad-draft-fallback.yaml", "experiments/memory-pressure.yaml"]
+    assert len(_collected(pytest_plugin("--collect-only", "-q", "-m", "chaos", "experiments/"))) == 8
+
+
+def test_glob_option_collects_and_plain_testpaths_never_do():
+    proc = pytest_plugin("--collect-only", "-q", "--specchaos-experiments", "experiments/kill-*.yaml",
+                         "tests/ci/test_plugin.py::test_tags_to_markers")
+    items = _collected(proc)
+    assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items, proc.stdout
+    assert len(items) == 2
+    # the fixture experiments under tests/ci/experiments are not collected by walking tests/ci
+    walked = _collected(pytest_plugin("--collect-only", "-q", "tests/ci/"))
+    assert walked and not any(".yaml" in i for i in walked)
+    # named explicitly, a fixture experiment is collected
+    named = _collected(pytest_plugin("--collect-only", "-q", str(SHORT.relative_to(SHORT.parents[3]))))
+    assert named == ["tests/ci/experiments/short-freeze.yaml::Short freeze of the engine (test fixture)"]
+
+
+def test_a_named_yaml_file_that_is_no_experiment_is_one_line():
+    bad = pytest_plugin("--collect-only", "-q", ".github/workflows/chaos-nightly.yml")
+    assert bad.returncode != 0
+    assert "not a specchaos experiment: no configuration.specchaos block" in bad.stdout
+
+
+def test_sigterm_stops_the_shared_stack_and_leaves_no_run_state(tmp_path):
+    """A gate run with the fake launcher (fast path: the harness's supervisor around the fake
+    vLLM) gets SIGTERM once its pooled stack is up: the pytest session ends, every process of
+    the pooled stack is gone, and no run state file is left for ``specchaos cleanup``."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.ci.helpers import PLUGIN, ROOT, env
+    from tests.experiment.fast_e2e import fast_experiment
+
+    exp = fast_experiment(tmp_path, "fast-gate")
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *PLUGIN, "-q", "--specchaos-gate",
+                             "--specchaos-out", str(tmp_path / "out"), str(exp)], cwd=ROOT,
+                            env=env(SPECCHAOS_STATE_DIR=str(state), SPECCHAOS_LAUNCHERS="fake=tests.fakes.stack:FakeStack"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not pids:
+            for f in (state / "runs").glob("*.json") if (state / "runs").exists() else []:
+                try:
+                    data = json.loads(f.read_text())
+                except ValueError:
+                    continue
+                if "/stacks/stack-" in data["out_dir"]:
+                    pids = [p["pid"] for p in data["processes"]]
+            time.sleep(0.2)
+        assert pids, "the pooled stack never registered its processes"
+        time.sleep(2)   # into the run
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, out[-3000:]
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not list((state / "runs").glob("*.json")), "a run state file was left behind"
+    rows = json.loads((tmp_path / "out" / "verdicts.json").read_text())["experiments"]
+    assert rows[0]["verdict"] == "error" and any("SIGTERM" in e for e in rows[0]["errors"]), rows
+    assert os.path.exists(tmp_path / "out" / "01-fast-gate" / "report.json")

@@ -1,0 +1,155 @@
+"""The stack pool behind the plugin's stack reuse, with stand-in stacks (no process): the
+key, reuse only when fit, log slices per run, run state for ``specchaos cleanup``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.stack import pool as pool_mod
+from harness.stack.config import StackConfig
+from harness.stack.launchers import register_launcher
+from harness.stack.pool import StackPool, stack_key
+from harness.state import state_dir
+from harness.timeline import Timeline, read_timeline
+
+
+class StubServer:
+    def __init__(self, name: str, log_path: Path):
+        self.name, self.log_path = name, log_path
+        self.base_url, self.model = "http://127.0.0.1:9", "target"
+        self.incarnation, self.timeline, self.up = 0, None, True
+
+    def is_up(self) -> bool:
+        return self.up
+
+    def roles(self) -> dict:
+        return {"api": [], "engine": [], "worker": []}
+
+
+class StubStack:
+    """Implements the Stack protocol's surface the pool uses; counts starts and stops."""
+
+    launcher = "stub"
+    started: list["StubStack"] = []
+
+    def __init__(self, cfg, run_dir, timeline=None):
+        self.cfg, self.run_dir, self.timeline = cfg, Path(run_dir), timeline
+        self.servers: dict = {}
+        self.stopped = False
+
+    def start(self) -> None:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.servers = {n: StubServer(n, logs / f"{n}-server.log") for n in ("spec", "ref")}
+        for s in self.servers.values():
+            s.timeline = self.timeline
+            s.log_path.write_text(f"{s.name} started\n")
+        StubStack.started.append(self)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def pool(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAOS_STATE_DIR", str(tmp_path / "state"))
+    register_launcher("stub", StubStack)
+    StubStack.started = []
+    probed: list[str] = []
+    monkeypatch.setattr(pool_mod, "_probe", lambda server: probed.append(server.name) or None)
+    p = StackPool(tmp_path / "stacks")
+    p.probed = probed
+    yield p
+    p.close()
+
+
+def cfg(**kw) -> StackConfig:
+    return StackConfig(launcher="stub", **kw)
+
+
+def run(pool: StackPool, tmp: Path, name: str, c: StackConfig, clean: bool = True, log: str = "") -> tuple:
+    run_dir = tmp / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tl = Timeline(run_dir / "timeline.jsonl")
+    stack = pool.acquire(c, run_dir, tl)
+    for s in stack.servers.values():
+        with open(s.log_path, "a") as fh:
+            fh.write(log or f"{name} ran\n")
+        s.timeline.emit("stack", "server_note", server=s.name)   # rebound to this run's timeline
+    pool.release(stack, run_dir, clean=clean)
+    return stack, run_dir
+
+
+def test_same_stack_block_starts_once_and_each_run_gets_its_log_slice(pool, tmp_path):
+    a, dir_a = run(pool, tmp_path, "a", cfg())
+    b, dir_b = run(pool, tmp_path, "b", cfg())
+    assert a is b and (pool.starts, pool.reuses) == (1, 1) and len(StubStack.started) == 1
+    assert pool.probed == ["spec", "ref"]   # both servers probed before the reuse
+    pooled = [e for e in read_timeline(dir_b / "timeline.jsonl") if e["event"] == "stack_pooled"]
+    assert pooled and pooled[0]["uses"] == 2 and pooled[0]["starts"] == 1
+    assert [e["event"] for e in read_timeline(dir_b / "timeline.jsonl")].count("server_note") == 2
+    log_a = (dir_a / "logs" / "spec-server.log").read_text()
+    log_b = (dir_b / "logs" / "spec-server.log").read_text()
+    assert "spec started" in log_a and "a ran" in log_a and "b ran" not in log_a
+    assert "b ran" in log_b and "a ran" not in log_b and "spec started" not in log_b
+    assert not a.stopped
+    pool.close()
+    assert a.stopped
+
+
+def test_another_stack_block_gets_its_own_stack(pool, tmp_path):
+    a, _ = run(pool, tmp_path, "a", cfg())
+    b, _ = run(pool, tmp_path, "b", cfg(num_speculative_tokens=2))
+    assert a is not b and pool.starts == 2 and not a.stopped
+
+
+def test_key_names_one_models_directory_however_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert stack_key(cfg(models_dir="models")) == stack_key(cfg(models_dir=str(tmp_path / "models")))
+    assert stack_key(cfg()) != stack_key(cfg(dtype="bfloat16")) != stack_key(cfg(reference=False))
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda stack: None, "its last run did not end clean"),
+    (lambda stack: setattr(stack.servers["spec"], "incarnation", 1), "server spec restarted (incarnation 1)"),
+    (lambda stack: setattr(stack.servers["ref"], "up", False), "server ref is down"),
+])
+def test_an_unfit_stack_is_stopped_and_replaced(pool, tmp_path, spoil, reason):
+    clean = "clean" not in reason
+    a, _ = run(pool, tmp_path, "a", cfg(), clean=clean)
+    if not clean:
+        assert a.stopped   # an unclean release stops at once
+    spoil(a)
+    b, dir_b = run(pool, tmp_path, "b", cfg())
+    assert b is not a and a.stopped and pool.starts == 2
+    if clean:
+        replaced = [e for e in read_timeline(dir_b / "timeline.jsonl") if e["event"] == "stack_replaced"]
+        assert replaced and replaced[0]["reason"] == reason
+
+
+def test_a_server_failing_the_probe_is_not_reused(pool, tmp_path, monkeypatch):
+    a, _ = run(pool, tmp_path, "a", cfg())
+    monkeypatch.setattr(pool_mod, "_probe", lambda server: "/health answered 503")
+    b, dir_b = run(pool, tmp_path, "b", cfg())
+    assert b is not a and a.stopped
+    replaced = [e for e in read_timeline(dir_b / "timeline.jsonl") if e["event"] == "stack_replaced"]
+    assert replaced[0]["reason"] == "server spec: /health answered 503"
+
+
+def test_a_pooled_stack_has_a_run_state_until_the_pool_closes(pool, tmp_path):
+    run(pool, tmp_path, "a", cfg())
+    files = list((state_dir() / "runs").glob("*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["out_dir"].endswith("-1") and "stacks" in data["out_dir"]
+    pool.close()
+    assert not list((state_dir() / "runs").glob("*.json"))
+
+
+def test_the_real_probe_says_why_a_server_is_unfit():
+    server = StubServer("spec", Path("/nonexistent"))
+    server.base_url = "http://127.0.0.1:1"   # nothing listens on port 1
+    assert pool_mod._probe(server).startswith("probe failed: ConnectError")
