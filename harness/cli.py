@@ -1,6 +1,7 @@
 """The ``specchaos`` command line.
 
-    specchaos run FILE [--out DIR]       run a Chaos Toolkit experiment, strict verdict
+    specchaos run FILE [--out DIR] [--allure-dir DIR]
+                                         run a Chaos Toolkit experiment, strict verdict
     specchaos validate FILE              check an experiment without starting anything
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos models build [--dir DIR]   build the tiny offline models
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import sys
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -32,6 +34,7 @@ from harness.experiment.rejudge import rejudge
 from harness.experiment.runner import EXIT_CODES
 from harness.experiment.runner import run as run_experiment
 from harness.experiment.validate import load_experiment
+from harness.report.allure import ALLURE_DIR_ENV
 from harness.report.summary import print_summary
 from harness.stack.base import ROLE_DOCS
 from harness.stack.models import build_models
@@ -79,8 +82,11 @@ def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True, 
 @app.command()
 def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
         out_dir: Path = typer.Option(Path("results/latest"), "--out", help="Directory for journal.json, report.json, records, logs."),
-        no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr (it is plain and sparse anyway when stderr is not a terminal or CI=true).")) -> None:
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr (it is plain and sparse anyway when stderr is not a terminal or CI=true)."),
+        allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write the Allure results here (sets $SPECCHAOS_ALLURE_DIR; they always go to OUT/allure-results).")) -> None:
     """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
+    if allure_dir is not None:
+        os.environ[ALLURE_DIR_ENV] = str(allure_dir.resolve())
     if not logging.getLogger().isEnabledFor(logging.INFO):
         logging.getLogger("harness").setLevel(logging.INFO)
         logging.getLogger("faults").setLevel(logging.INFO)
@@ -96,7 +102,8 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         print_summary(report, out)
         if report.get("errors"):
             err.print(f"specchaos: error: {report['errors'][0]}", markup=False, highlight=False, soft_wrap=True)
-    out.print(f"report: {out_dir / 'report.json'}   journal: {out_dir / 'journal.json'}", highlight=False)
+    out.print(f"report: {out_dir / 'report.json'}   journal: {out_dir / 'journal.json'}   "
+              f"allure: {out_dir / 'allure-results'}", highlight=False)
     raise typer.Exit(code)
 
 

@@ -12,6 +12,7 @@ from harness.errors import SpecchaosError, first_error
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.report.judge import judge_run
+from harness.report.allure import publish_allure
 from harness.report.json_report import write_report
 
 __all__ = ["rejudge"]
@@ -28,7 +29,7 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
     """Re-judge a finished run from its saved data (``specchaos report DIR``): the
     checks are pure functions of ``records.jsonl``, ``reference.jsonl``, ``timeline.jsonl``
     and the saved ``config.json``/``journal.json``/``run.json``; the report is
-    rewritten. Idempotent: re-judging twice gives the same report.
+    rewritten, and so are ``timeline.png`` and the Allure results. Idempotent: re-judging twice gives the same report.
 
     Raises:
         SpecchaosError: the directory lacks the saved run data, or a saved file is
@@ -59,4 +60,5 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
         meta["interrupted"] = True
     report = judge_run(d, cfg, dict(meta), journal=journal)
     write_report(d / "report.json", report)
+    publish_allure(d, report, journal)   # timeline.png + Allure results; never raises
     return report

@@ -165,8 +165,11 @@ def test_chaos_run_passes_with_exit_0_and_a_completed_journal(tmp_path, monkeypa
     assert journal["specchaos"]["verdict"] == "pass" and journal["specchaos"]["report"] == str(out / "report.json")
     assert report["source"] == "chaos run"
     assert "specchaos verdict: pass" in output
-    for f in ("journal.json", "config.json", "experiment.json", "run.json", "records.jsonl", "timeline.jsonl"):
+    for f in ("journal.json", "config.json", "experiment.json", "run.json", "records.jsonl", "timeline.jsonl",
+              "timeline.png"):
         assert (out / f).is_file(), f
+    (allure,) = (out / "allure-results").glob("*-result.json")   # harness.report.allure, under chaos run too
+    assert json.loads(allure.read_text())["status"] == "passed"
     assert rejudge(out)["verdict"] == "pass"   # `specchaos report DIR` agrees
     assert leaked_since(before) == []
 

@@ -55,7 +55,7 @@ def default_run(tmp_path_factory):
     exp = variant(out.parent, "default")
     before = sut_pids()
     t0 = time.monotonic()
-    proc = specchaos("run", str(exp), "--out", str(out))
+    proc = specchaos("run", str(exp), "--out", str(out), "--allure-dir", str(out.parent / "allure-shared"))
     output, _ = proc.communicate(timeout=900)
     wall_s = time.monotonic() - t0
     report = json.loads((out / "report.json").read_text())
@@ -194,6 +194,44 @@ def test_metrics_scraped_across_the_restart(default_run):
     for name in ("speculation.spec.collapse", "speculation.spec.saturation", "server_memory.spec.baseline.rss_swing",
                  "server_memory.spec.after.rss_swing"):
         assert checks[name]["passed"], checks[name]
+
+
+def test_allure_results_html_report_and_browser_check(default_run):
+    """The run's Allure result (also in the --allure-dir directory) holds the phases, the
+    method, the attachments and a real PNG plot; the HTML report generated from it with
+    ci/allure-report.sh passes ci/check_report.py in headless Chromium. The report and the
+    screenshots are kept under $SPECCHAOS_ARTIFACTS (default results/allure-check/)."""
+    import matplotlib.image as mpimg
+
+    from tests.report.allure_tools import check, generate
+
+    out = default_run["out"]
+    results = out / "allure-results"
+    (res_file,) = results.glob("*-result.json")
+    res = json.loads(res_file.read_text())
+    assert res["status"] == "passed" and res["name"] == default_run["report"]["experiment"]
+    assert len(list((out.parent / "allure-shared").glob("*-result.json"))) == 1   # --allure-dir
+    steps = [s["name"] for s in res["steps"]]
+    for name in ("phase warm-up", "phase baseline", "phase fault", "phase recovery", "phase after", "method",
+                 "steady-state hypothesis before the method", "rollbacks"):
+        assert name in steps, (name, steps)
+    params = {p["name"]: p["value"] for p in res["parameters"]}
+    assert params["launcher"] == "local" and params["k"] == "4" and params["fault kinds"] == "process-kill"
+    atts = {a["name"]: a for a in res["attachments"]}
+    assert {"timeline plot", "summary", "report.json", "journal.json", "log tail: spec-server.log",
+            "log tail: ref-server.log"} <= set(atts), sorted(atts)
+    for a in atts.values():
+        assert (results / a["source"]).stat().st_size > 0, a
+    img = mpimg.imread(results / atts["timeline plot"]["source"])
+    assert img.shape[:2] == (1000, 1400)
+
+    artifacts = Path(os.environ.get("SPECCHAOS_ARTIFACTS", ROOT / "results" / "allure-check"))
+    generate(results, artifacts / "report")
+    checked = check(artifacts / "report", artifacts / "screenshots")
+    print(checked.stdout)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert (artifacts / "screenshots" / "overview.png").is_file()
+    assert (artifacts / "screenshots" / "test-1.png").is_file()
 
 
 def test_plain_chaos_run_says_the_specchaos_verdict(tmp_path):

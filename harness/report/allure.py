@@ -1,0 +1,452 @@
+"""Allure results of a judged run: one Allure test result per experiment, written with
+``allure-python-commons`` (its model and :class:`~allure_commons.logger.AllureFileLogger`;
+the JSON schema is the library's, not ours).
+
+Read from the run directory only (as every report): ``report.json`` (or the report
+given), the Chaos Toolkit journal (given, else ``journal.json``), ``experiment.json``,
+``config.json``, ``timeline.jsonl``, ``logs/*``, and the timeline plot drawn here
+(:mod:`harness.report.timeline_plot`).
+
+The result:
+
+* **status** from the verdict: ``pass`` → passed; ``fail`` and ``aborted`` → failed, the
+  failing checks (one line each: name, detail) as ``statusDetails.message``; ``error`` →
+  broken, the run errors as the message;
+* **steps**: one per phase (warm-up, baseline, fault, recovery, after, with their times and
+  figures: requests, errors, p95 TTFT/E2E in s, output tokens/s), one per Chaos Toolkit
+  activity (steady-state probes before and after the method, method actions, rollbacks,
+  each with its status and arguments), one per check (passed, failed, or skipped when
+  not judged);
+* **parameters**: launcher, target, draft, method, k (``num_speculative_tokens``), fault
+  kinds, seed, vLLM version;
+* **labels**: ``epic`` specchaos, ``feature`` per fault family, ``story`` and ``suite``
+  the experiment's title (so the overview's Suites widget lists the experiments),
+  ``subSuite`` the fault families, ``severity`` (critical for a ``gate``-tagged
+  experiment, else normal), a ``tag`` per experiment tag;
+* **link** to the experiment file (its blob URL at ``$GITHUB_SHA`` in GitHub Actions);
+  **testCaseId**/**historyId** the MD5 of the experiment file's path (relative to the
+  working directory when inside it; the title for a run without a file), so Allure's
+  history and trend follow one experiment file across runs (Allure 2.46 keys its history
+  by the test case and the parameters: a run with another draft or k is another line);
+* **description**: the experiment's description and verdict (and why the plot is
+  missing, if it is);
+* **attachments**: ``timeline.png`` (image/png), ``report.json``, the journal, the summary
+  table as plain text (:func:`harness.report.summary.render_summary`), the tail of each
+  server log (``logs/*``).
+
+Next to it, ``environment.properties`` (vLLM version, launcher, method, draft, k, host,
+Python) for the overview's Environment widget.
+
+Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
+also the directory named by ``$SPECCHAOS_ALLURE_DIR`` when set (added to: results of many
+runs gathered for one report).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import platform
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from allure_commons.logger import AllureFileLogger
+from allure_commons.model2 import (ATTACHMENT_PATTERN, Attachment, Label, Link, Parameter, Status, StatusDetails,
+                                   TestResult, TestStepResult)
+from allure_commons.types import AttachmentType, LabelType, LinkType, Severity
+from allure_commons.utils import md5, uuid4
+from rich.console import Console
+
+from faults.registry import REGISTRY
+from harness.metrics.phases import phase_windows
+from harness.report.summary import render_summary
+from harness.report.timeline_plot import try_plot_timeline
+from harness.timeline import read_timeline
+
+__all__ = ["ALLURE_DIR_ENV", "RESULTS_DIR", "STATUS", "allure_result", "write_allure_results", "publish_allure",
+           "history_id"]
+
+log = logging.getLogger(__name__)
+
+#: Environment variable naming a directory that gathers the Allure results of many runs.
+ALLURE_DIR_ENV = "SPECCHAOS_ALLURE_DIR"
+#: The run's own results directory, under the run directory.
+RESULTS_DIR = "allure-results"
+#: Verdict → Allure status.
+STATUS = {"pass": Status.PASSED, "fail": Status.FAILED, "aborted": Status.FAILED, "error": Status.BROKEN}
+#: Lines (and at most bytes) of each server log attached.
+LOG_TAIL_LINES = 200
+LOG_TAIL_BYTES = 64 * 1024
+_PHASES = ("warm-up", "baseline", "fault", "recovery", "after")
+
+
+def _ms(t: Any) -> int | None:
+    """Epoch seconds (float) or an ISO-8601 time → epoch milliseconds (Allure's unit)."""
+    if t is None:
+        return None
+    if isinstance(t, (int, float)):
+        return int(round(float(t) * 1000))
+    try:
+        return int(round(datetime.fromisoformat(str(t)).timestamp() * 1000))
+    except ValueError:
+        return None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _experiment_key(source: str | None, title: str) -> str:
+    """What identifies an experiment across runs: its file's path (relative to the working
+    directory when inside it, else absolute), or its title when it has no file."""
+    if source and Path(source).is_file():
+        p = Path(source).resolve()
+        try:
+            return str(p.relative_to(Path.cwd().resolve()))
+        except ValueError:
+            return str(p)
+    return f"title:{title}"
+
+
+def history_id(source: str | None, title: str) -> str:
+    """The stable ``testCaseId``/``historyId`` of an experiment (module doc): MD5 hex of its key."""
+    return md5(_experiment_key(source, title))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def _params(pairs: dict[str, Any]) -> list[Parameter]:
+    return [Parameter(name=k, value=_fmt(v)) for k, v in pairs.items() if v is not None]
+
+
+def _check_phase(name: str) -> str | None:
+    parts = str(name).split(".")
+    return next((p for p in parts if p in _PHASES), None)
+
+
+def _failing_lines(report: dict[str, Any]) -> list[str]:
+    return [f"{c.get('name')}: {c.get('detail') or ''}".rstrip(": ") for c in report.get("checks") or []
+            if c.get("passed") is False]
+
+
+def _status_details(report: dict[str, Any]) -> StatusDetails | None:
+    verdict = report.get("verdict")
+    failing = _failing_lines(report)
+    errors = [str(e) for e in report.get("errors") or []]
+    abort = ((report.get("safeguards") or {}).get("abort") or {}).get("reason")
+    if verdict == "pass":
+        return None
+    if verdict == "error":
+        lines = errors or ["the run could not be judged"]
+        return StatusDetails(message="\n".join(lines), trace="\n".join(lines + failing) or None)
+    lines = ([abort] if abort else []) + (failing or [f"verdict {verdict}"])
+    return StatusDetails(message="\n".join(lines), trace="\n".join(lines + errors) or None)
+
+
+def _phase_steps(report: dict[str, Any], events: list[dict[str, Any]]) -> list[TestStepResult]:
+    phases = report.get("phases") or {}
+    windows = phase_windows(events)
+    failed_in = {_check_phase(c.get("name", "")) for c in report.get("checks") or [] if c.get("passed") is False}
+    steps = []
+    load_start = next((e["t"] for e in events if e.get("event") == "load_started"), None)
+    first = min((a for a, _ in windows.values()), default=None)
+    if load_start is not None and first is not None and first > load_start:
+        steps.append(TestStepResult(name="phase warm-up", status=Status.PASSED, start=_ms(load_start),
+                                    stop=_ms(first), parameters=_params({"duration_s": first - load_start}),
+                                    description="load running, not judged"))
+    for ph in _PHASES[1:]:
+        m = phases.get(ph)
+        if m is None:
+            continue
+        a, b = windows.get(ph, (m.get("start"), m.get("end")))
+        figures = {"duration_s": m.get("duration_s"), "requests": m.get("requests"), "errors": m.get("errors"),
+                   "error_rate": m.get("error_rate"), "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
+                   "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"),
+                   "output_tokens_per_s": m.get("output_tokens_per_s")}
+        steps.append(TestStepResult(name=f"phase {ph}", status=Status.FAILED if ph in failed_in else Status.PASSED,
+                                    start=_ms(a), stop=_ms(b), parameters=_params(figures)))
+    return steps
+
+
+def _activity_status(run: dict[str, Any]) -> tuple[str, str | None]:
+    if run.get("status") == "failed":
+        exc = run.get("exception") or []
+        return Status.BROKEN, (exc[-1].strip() if exc else "the activity raised")
+    if run.get("status") not in (None, "succeeded"):
+        return Status.SKIPPED, f"status {run.get('status')}"
+    if run.get("tolerance_met") is False:
+        return Status.FAILED, f"tolerance not met: output {_fmt(run.get('output'))}"
+    return Status.PASSED, None
+
+
+_WORST = [Status.BROKEN, Status.FAILED, Status.SKIPPED, Status.PASSED]
+
+
+def _worst(steps: list[TestStepResult], default: str = Status.PASSED) -> str:
+    found = {s.status for s in steps}
+    return next((s for s in _WORST if s in found), default)
+
+
+def _activity_steps(runs: list[dict[str, Any]]) -> list[TestStepResult]:
+    out = []
+    for r in runs:
+        act = r.get("activity") or {}
+        prov = act.get("provider") or {}
+        status, message = _activity_status(r)
+        args = prov.get("arguments") or {}
+        params = {"function": f"{prov.get('module', '')}.{prov.get('func', '')}".strip(".") or None,
+                  **{f"arg {k}": v for k, v in args.items()}}
+        if act.get("tolerance") is not None:
+            params["tolerance"] = act.get("tolerance")
+        if r.get("output") is not None:
+            params["output"] = r.get("output")
+        out.append(TestStepResult(name=f"{act.get('type', 'activity')} {act.get('name', '?')}", status=status,
+                                  statusDetails=StatusDetails(message=message) if message else None,
+                                  start=_ms(r.get("start")), stop=_ms(r.get("end")), parameters=_params(params)))
+    return out
+
+
+def _journal_steps(journal: dict | None) -> list[TestStepResult]:
+    if not journal:
+        return []
+    steps = []
+    ss = journal.get("steady_states") or {}
+    sections = [("steady-state hypothesis before the method", ss.get("before")), ("method", journal.get("run")),
+                ("steady-state hypothesis after the method", ss.get("after")), ("rollbacks", journal.get("rollbacks"))]
+    for title, section in sections:
+        if section is None:
+            continue
+        runs = (section.get("probes") or []) if isinstance(section, dict) else list(section)
+        children = _activity_steps(runs)
+        status = _worst(children)
+        if isinstance(section, dict) and section.get("steady_state_met") is False and status == Status.PASSED:
+            status = Status.FAILED
+        starts = [s.start for s in children if s.start]
+        stops = [s.stop for s in children if s.stop]
+        steps.append(TestStepResult(name=title, status=status, steps=children, start=min(starts, default=None),
+                                    stop=max(stops, default=None)))
+    return steps
+
+
+def _check_steps(report: dict[str, Any]) -> TestStepResult | None:
+    checks = report.get("checks") or []
+    if not checks:
+        return None
+    children = []
+    for c in checks:
+        status = Status.PASSED if c.get("passed") is True else Status.FAILED if c.get("passed") is False \
+            else Status.SKIPPED
+        children.append(TestStepResult(name=f"check {c.get('name')}", status=status,
+                                       statusDetails=StatusDetails(message=c.get("detail")) if c.get("detail") else None,
+                                       parameters=_params({"category": c.get("category"), "observed": c.get("observed"),
+                                                           "limit": c.get("limit")})))
+    failed = sum(s.status == Status.FAILED for s in children)
+    skipped = sum(s.status == Status.SKIPPED for s in children)
+    return TestStepResult(name=f"checks ({len(children)}: {failed} failed, {skipped} not judged)",
+                          status=Status.FAILED if failed else Status.PASSED, steps=children)
+
+
+def _fault_kinds(report: dict[str, Any], journal: dict | None) -> list[str]:
+    """The fault families of the run: those injected, else those the method's actions name."""
+    kinds = [str(f.get("kind")) for f in report.get("faults") or [] if f.get("kind")]
+    by_activity = {cls.activity: kind for kind, cls in REGISTRY.items()}
+    doc = (journal or {}).get("experiment") or {}
+    for act in doc.get("method") or []:
+        kind = by_activity.get(((act or {}).get("provider") or {}).get("func"))
+        if kind:
+            kinds.append(kind)
+    return list(dict.fromkeys(kinds))
+
+
+def _summary_text(report: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=160, color_system=None, force_terminal=False, no_color=True,
+            highlight=False).print(render_summary(report))
+    return buf.getvalue()
+
+
+def _log_tail(path: Path) -> bytes:
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - LOG_TAIL_BYTES))
+        data = fh.read()
+    return b"\n".join(data.splitlines()[-LOG_TAIL_LINES:]) + b"\n"
+
+
+def _link(source: str | None) -> Link | None:
+    if not source or not Path(source).is_file():
+        return None
+    p = Path(source).resolve()
+    server, repo, sha = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_SHA"))
+    if server and repo and sha:   # in GitHub Actions: the file at the commit that ran
+        try:
+            rel = p.relative_to(Path.cwd().resolve())
+            return Link(type=LinkType.LINK, name=f"experiment {rel}", url=f"{server}/{repo}/blob/{sha}/{rel}")
+        except ValueError:
+            pass
+    return Link(type=LinkType.LINK, name=f"experiment {p.name}", url=p.as_uri())
+
+
+def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | None = None,
+                  plot: Path | None = None, plot_error: str | None = None) -> tuple[TestResult, list[tuple]]:
+    """The Allure test result of a judged run (module doc), without attachments written.
+
+    Args:
+        run_dir: the run directory.
+        report: its report (``report.json``'s dict).
+        journal: the Chaos Toolkit journal, if any.
+        plot: the timeline plot to attach; ``plot_error`` says why there is none.
+
+    Returns:
+        ``(result, attachments)``: ``attachments`` are ``(name, AttachmentType, path or
+        bytes)`` for :func:`write_allure_results` to write next to the result.
+    """
+    d = Path(run_dir)
+    doc = _read_json(d / "experiment.json") or (journal or {}).get("experiment") or {}
+    cfg = _read_json(d / "config.json") or {}
+    events = read_timeline(d / "timeline.jsonl")
+    title = str(report.get("experiment") or doc.get("title") or d.name)
+    source = report.get("source")
+    key = history_id(source, title)
+    stack = report.get("stack") or {}
+    spec = stack.get("speculative") or {}
+    kinds = _fault_kinds(report, journal)
+    tags = [str(t) for t in doc.get("tags") or []]
+    verdict = str(report.get("verdict"))
+
+    steps = _phase_steps(report, events) + _journal_steps(journal)
+    checks = _check_steps(report)
+    if checks is not None:
+        steps.append(checks)
+    start = _ms((journal or {}).get("start")) or (_ms(events[0]["t"]) if events else None)
+    stop = _ms((journal or {}).get("end")) or (_ms(events[-1]["t"]) if events else _ms(report.get("generated_at")))
+
+    labels = [Label(LabelType.EPIC, "specchaos"), Label(LabelType.STORY, title), Label(LabelType.SUITE, title),
+              Label(LabelType.SUB_SUITE, ", ".join(kinds) or "no fault"),
+              Label(LabelType.SEVERITY, (Severity.CRITICAL if "gate" in tags else Severity.NORMAL).value),
+              Label(LabelType.FRAMEWORK, "specchaos"), Label(LabelType.LANGUAGE, "python"),
+              Label(LabelType.HOST, platform.node())]
+    labels += [Label(LabelType.FEATURE, k) for k in kinds] + [Label(LabelType.TAG, t) for t in tags]
+    params = _params({"launcher": stack.get("launcher"), "target": (cfg.get("stack") or {}).get("target"),
+                      "draft": spec.get("draft"), "method": spec.get("method"),
+                      "k": spec.get("num_speculative_tokens"), "fault kinds": ", ".join(kinds) or "none",
+                      "seed": (cfg.get("load") or {}).get("seed"), "vLLM": stack.get("vllm_version")})
+    description = [str(doc.get("description") or "").strip(), f"Verdict: **{verdict}**."]
+    if plot_error:
+        description.append(f"({plot_error}; the verdict does not depend on the plot)")
+    link = _link(source)
+
+    attachments: list[tuple] = []
+    if plot is not None and plot.is_file():
+        attachments.append(("timeline plot", AttachmentType.PNG, plot))
+    attachments.append(("summary", AttachmentType.TEXT, _summary_text(report).encode("utf-8")))
+    attachments.append(("report.json", AttachmentType.JSON, json.dumps(report, indent=2).encode("utf-8")))
+    if journal is not None:
+        attachments.append(("journal.json", AttachmentType.JSON, json.dumps(journal, indent=2, default=str).encode()))
+    elif (d / "journal.json").is_file():
+        attachments.append(("journal.json", AttachmentType.JSON, d / "journal.json"))
+    for lg in sorted((d / "logs").glob("*")) if (d / "logs").is_dir() else []:
+        if lg.is_file():
+            attachments.append((f"log tail: {lg.name}", AttachmentType.TEXT, _log_tail(lg)))
+
+    result = TestResult(
+        uuid=uuid4(), name=title, fullName=_experiment_key(source, title), historyId=key, testCaseId=key,
+        status=STATUS.get(verdict, Status.UNKNOWN), statusDetails=_status_details(report),
+        description="\n\n".join(p for p in description if p), steps=steps, parameters=params, labels=labels,
+        links=[link] if link else [], start=start, stop=stop, titlePath=["specchaos", title])
+    return result, attachments
+
+
+def _dirs(run_dir: Path, extra: list[str | Path] | None) -> list[Path]:
+    out = [run_dir / RESULTS_DIR]
+    more = list(extra or [])
+    if os.environ.get(ALLURE_DIR_ENV):
+        more.append(os.environ[ALLURE_DIR_ENV])
+    for m in more:
+        p = Path(m)
+        if p.resolve() not in {o.resolve() for o in out}:
+            out.append(p)
+    return out
+
+
+def _write_environment(target: Path, report: dict[str, Any]) -> None:
+    """``environment.properties`` (Allure's overview widget "Environment"; the library has
+    no writer for it): the stack of the latest run written to ``target``."""
+    stack = report.get("stack") or {}
+    spec = stack.get("speculative") or {}
+    env = {"vLLM": stack.get("vllm_version"), "launcher": stack.get("launcher"), "method": spec.get("method"),
+           "draft": spec.get("draft"), "k": spec.get("num_speculative_tokens"), "host": platform.node(),
+           "python": platform.python_version()}
+    lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in env.items() if v is not None]
+    (target / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None,
+                         extra_dirs: list[str | Path] | None = None) -> list[Path]:
+    """Draw the timeline plot and write the run's Allure result (module doc) into
+    ``<run_dir>/allure-results/`` (replaced) and every other directory: ``extra_dirs`` and
+    ``$SPECCHAOS_ALLURE_DIR`` (added to).
+
+    Args:
+        run_dir: a judged run directory.
+        report: its report (default: read ``report.json``).
+        journal: the Chaos Toolkit journal (default: read ``journal.json`` when present).
+        extra_dirs: more result directories.
+
+    Returns:
+        The ``*-result.json`` files written, one per directory.
+
+    Raises:
+        OSError: a directory cannot be written; ValueError: no report.
+    """
+    d = Path(run_dir)
+    if report is None:
+        report = _read_json(d / "report.json")
+        if not isinstance(report, dict):
+            raise ValueError(f"{d / 'report.json'}: no readable report to publish")
+    if journal is None and (d / "journal.json").is_file():
+        journal = _read_json(d / "journal.json")
+    plot, plot_error = try_plot_timeline(d, title=str(report.get("experiment") or d.name))
+    result, attachments = allure_result(d, report, journal, plot=plot, plot_error=plot_error)
+    written = []
+    for i, target in enumerate(_dirs(d, extra_dirs)):
+        logger = AllureFileLogger(target, clean=(i == 0))   # the run's own directory holds this run only
+        result.attachments = []
+        for name, kind, body in attachments:
+            file_name = ATTACHMENT_PATTERN.format(prefix=uuid4(), ext=kind.extension)
+            if isinstance(body, Path):
+                logger.report_attached_file(body, file_name)
+            else:
+                logger.report_attached_data(body, file_name)
+            result.attachments.append(Attachment(name=name, source=file_name, type=kind.mime_type))
+        _write_environment(Path(target), report)
+        before = set(Path(target).glob("*-result.json"))
+        logger.report_result(result)
+        written += sorted(set(Path(target).glob("*-result.json")) - before)
+    return written
+
+
+def publish_allure(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None) -> str | None:
+    """:func:`write_allure_results` that never raises (called by every judgement: a
+    report is a reading aid, it never changes a verdict). Returns None, or the error in
+    one line (also logged)."""
+    try:
+        files = write_allure_results(run_dir, report, journal)
+        log.info("allure results: %s", ", ".join(str(f.parent) for f in files))
+        return None
+    except Exception as exc:  # noqa: BLE001
+        log.warning("allure results of %s not written: %s: %s", run_dir, type(exc).__name__, exc, exc_info=True)
+        return f"allure results not written: {type(exc).__name__}: {exc}"
