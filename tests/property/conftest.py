@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 from tests.property import profiles
 from tests.property.wire import Completion, send
 
-profiles.register()   # before pytest-hypothesis loads a --hypothesis-profile
+profiles.register()   # also done by tests/conftest.py, for runs that do not name this directory
 
 
 @dataclass

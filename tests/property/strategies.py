@@ -38,14 +38,15 @@ random_stops = st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=3)
 
 
 @st.composite
-def requests(draw: st.DrawFn, *, stop: bool = True, stream: bool | None = None) -> dict[str, Any]:
+def requests(draw: st.DrawFn, *, stop: bool = True, stream: bool | None = None, long: bool = True) -> dict[str, Any]:
     """A greedy completion body without ``model`` (the caller adds the served name):
     ``prompt``, ``max_tokens`` (1..:data:`MAX_TOKENS`), ``temperature`` 0,
     ``return_token_ids``, maybe ``logprobs`` (0..5), ``stop`` (random strings, when
     ``stop``), ``ignore_eos``, ``stream`` (drawn unless given) with or without
-    ``stream_options.include_usage``."""
+    ``stream_options.include_usage``; ``long=False``: short prompts only (they always
+    fit the context)."""
     body: dict[str, Any] = {
-        "prompt": draw(prompts),
+        "prompt": draw(prompts if long else short_prompts),
         "max_tokens": draw(st.integers(1, MAX_TOKENS)),
         "temperature": 0,
         "return_token_ids": True,

@@ -9,25 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import currently_in_test_context, given, note
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.property.invariants import response_problems, same_output, stopped_early_problems
 from tests.property.profiles import stack_settings
 from tests.property.strategies import requests, stops_from
-from tests.property.wire import Completion
+from tests.property.wire import Completion, expect
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
-
-
-def expect(problems: list[str], *sent: Completion) -> None:
-    """Fail with every problem and a replay line per request sent (also noted, so
-    hypothesis prints them with the falsifying example)."""
-    replay = [f"# {c.url}\n{c.curl()}" for c in sent]
-    if currently_in_test_context():
-        for line in replay:
-            note(line)
-    assert not problems, "\n".join(problems) + "\nreplay:\n" + "\n".join(replay)
 
 
 def judged(api, c: Completion, who: str) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 from httpx_sse import EventSource
+from hypothesis import currently_in_test_context, note
 
 from harness.load.client import COMPLETIONS_PATH, check_loopback_url
 
@@ -84,6 +85,21 @@ def curl_line(url: str, body: dict[str, Any]) -> str:
     data = json.dumps(body, ensure_ascii=True, separators=(",", ":"))
     return " ".join(["curl", "-sN", "-X", "POST", shlex.quote(url), "-H",
                      shlex.quote("Content-Type: application/json"), "-d", shlex.quote(data)])
+
+
+def expect(problems: list[str], *sent: Completion) -> None:
+    """Assert that there are no ``problems``; the failure lists each of them and a replay
+    line per request in ``sent`` (inside a hypothesis test the lines are also noted, so
+    they are printed with the falsifying example).
+
+    Raises:
+        AssertionError: ``problems`` is not empty.
+    """
+    replay = [f"# {c.url}\n{c.curl()}" for c in sent]
+    if currently_in_test_context():
+        for line in replay:
+            note(line)
+    assert not problems, "\n".join(problems) + "\nreplay:\n" + "\n".join(replay)
 
 
 def send(client: httpx.Client, base_url: str, body: dict[str, Any], *, timeout_s: float = 120.0) -> Completion:
