@@ -281,3 +281,26 @@ def stopped_early_problems(stopped: Completion, unstopped: Completion) -> list[s
         out.append(f"finish_reason {stopped.finish_reason!r} / stop_reason {stopped.stop_reason!r}, "
                    f"expected 'stop' / {s!r} (it completes first, at char {i + len(s)})")
     return out
+
+
+def settled_problems(open_faults: Sequence[dict[str, Any]], health: dict[str, int | None],
+                     incarnations: dict[str, tuple[int, int]], pending: int) -> list[str]:
+    """The stack after every fault was cleared (the stateful test's invariant).
+
+    Args:
+        open_faults: the ledger's entries not cleared (:meth:`faults.ledger.Ledger.open_faults`).
+        health: server name → HTTP status of ``GET /health`` (None: no answer).
+        incarnations: server name → (incarnation before the run, incarnation now).
+        pending: requests sent during a fault and not yet judged.
+
+    Returns:
+        Problems: a fault open in the ledger, a server not answering 200, a server that
+        restarted (a fault needing no restart must cause none), a request left pending.
+    """
+    out = [f"fault {e.get('fault_id')} ({e.get('kind')}) is {e.get('state')} in the ledger, not cleared"
+           for e in open_faults]
+    out += [f"{name} /health answered {status}" for name, status in health.items() if status != 200]
+    out += [f"{name} restarted (incarnation {a} -> {b})" for name, (a, b) in incarnations.items() if a != b]
+    if pending:
+        out.append(f"{pending} request(s) still pending with no fault active")
+    return out

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.property import profiles
 from tests.property.invariants import (failed, first_stop, ids_text, length_problems, logprobs_problems,
-                                       response_problems, same_output, stop_problems, stopped_early_problems,
+                                       response_problems, same_output, settled_problems, stop_problems, stopped_early_problems,
                                        text_problems, usage_problems)
 from tests.property.wire import Completion, curl_line, expect
 
@@ -185,6 +185,16 @@ def test_output_differing_from_the_reference_is_caught():
     spec.usage["completion_tokens"] = 5
     spec.finish_reason = "stop"
     assert same_output(spec, ref) == ["finish_reason 'stop', reference 'length'", "usage.completion_tokens 5, reference 4"]
+
+
+def test_a_stack_not_settled_after_the_faults_is_caught():
+    fine = settled_problems([], {"spec": 200, "ref": 200}, {"spec": (0, 0), "ref": (1, 1)}, 0)
+    assert fine == []
+    bad = settled_problems([{"fault_id": "process-freeze-1", "kind": "process-freeze", "state": "injected"}],
+                           {"spec": None, "ref": 503}, {"spec": (0, 1), "ref": (0, 0)}, 2)
+    assert bad == ["fault process-freeze-1 (process-freeze) is injected in the ledger, not cleared",
+                   "spec /health answered None", "ref /health answered 503",
+                   "spec restarted (incarnation 0 -> 1)", "2 request(s) still pending with no fault active"]
 
 
 def test_the_stop_string_that_completes_first_wins():
