@@ -17,7 +17,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-#: Examples per property test (the stateful test: state machine runs) per profile.
+#: Default examples per test per profile (each test sets its own budget, see :func:`stack_settings`).
 EXAMPLES = {"ci": 12, "nightly": 300}
 #: Steps of one state machine run per profile.
 STATEFUL_STEPS = {"ci": 6, "nightly": 25}
@@ -50,12 +50,14 @@ def active() -> str:
     return current if current in EXAMPLES else "ci"
 
 
-def stack_settings(max_examples: int | None = None) -> settings:
-    """The active profile's settings, with ``max_examples`` scaled for one test:
-    ``max_examples`` is the test's CI budget; ``nightly`` gives it 25 times as many."""
+def stack_settings(max_examples: int | None = None, nightly_examples: int | None = None) -> settings:
+    """The active profile's settings with this test's budget: ``max_examples`` in ``ci``,
+    ``nightly_examples`` (default 25 × ``max_examples``) in ``nightly``."""
     register()
     name = active()
     base = settings.get_profile(name)
     if max_examples is None:
         return base
-    return settings(base, max_examples=max_examples if name == "ci" else max_examples * 25)
+    if name == "ci":
+        return settings(base, max_examples=max_examples)
+    return settings(base, max_examples=nightly_examples or max_examples * 25)

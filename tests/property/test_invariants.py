@@ -253,6 +253,7 @@ def test_the_profiles(monkeypatch):
     nightly = profiles.stack_settings(10)
     assert nightly.max_examples == 250 and not nightly.derandomize and nightly.deadline is None
     assert nightly.stateful_step_count > ci.stateful_step_count
+    assert profiles.stack_settings(3, 20).max_examples == 20
     monkeypatch.setenv("HYPOTHESIS_PROFILE", "nigthly")
     with pytest.raises(ValueError, match="HYPOTHESIS_PROFILE='nigthly': unknown profile; known: ci, nightly"):
         profiles.active()
