@@ -18,10 +18,12 @@ from harness.stack.ports import free_ports
 from harness.stack.vllm import vllm_distribution
 from harness.timeline import Timeline
 from tests import procs
+from tests.property import profiles as property_profiles
 from tests.fakes import FakeProcess, FakeServer
 
 ROOT = Path(__file__).resolve().parents[1]
 assert procs.TAG   # tags this session's child processes before any starts (see tests/procs.py)
+property_profiles.register()   # `--hypothesis-profile nightly` works for any selection of tests
 
 
 @pytest.fixture
