@@ -95,3 +95,17 @@ def test_a_page_of_other_families_or_of_garbage_still_raises_or_is_empty():
         prometheus.parse_page("<html>not metrics</html>\n")
     with pytest.raises(ValueError):      # a broken line inside a wanted family
         prometheus.parse_page('vllm:num_requests_running{engine="0" 1\n')
+
+
+def test_the_cut_keeps_first_and_last_lines_and_no_lookalikes():
+    """The line filter (one regular expression) at the page's edges: a wanted family on the
+    first line and a last line without a newline are kept; a name that only starts like a
+    wanted one is not."""
+    from harness.metrics import prometheus
+
+    page = ("vllm:num_requests_running 2\n"
+            "vllm:num_requests_running_other 9\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            "vllm:num_requests_waiting{engine=\"0\"} 3")
+    fams = {m.name: [s.value for s in m.samples] for m in prometheus.families_of(page, prometheus.GAUGES)}
+    assert fams == {"vllm:num_requests_running": [2.0], "vllm:num_requests_waiting": [3.0]}
