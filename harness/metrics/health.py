@@ -63,7 +63,8 @@ class HealthSampler:
 
     def _loop(self) -> None:
         refused = False   # the last sample's connection was refused: check the port first
-        with httpx.Client(timeout=max(0.5, min(2.0, self.interval_s * 4))) as client:
+        # loopback HTTP: no TLS, so no CA bundle to load (~45 ms of CPU per client)
+        with httpx.Client(timeout=max(0.5, min(2.0, self.interval_s * 4)), verify=False) as client:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
                 status: int | None = None

@@ -252,7 +252,8 @@ class MetricsScraper:
 
     def _loop(self, name: str, server: ScrapedServer) -> None:
         tree = TreeCache()
-        with httpx.Client(timeout=self.timeout_s) as client:
+        # loopback HTTP (checked in __init__): no TLS, so no CA bundle to load (~45 ms of CPU per client)
+        with httpx.Client(timeout=self.timeout_s, verify=False) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
                 try:
