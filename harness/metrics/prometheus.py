@@ -39,10 +39,16 @@ def families_of(text: str, names: Iterable[str]):
     Raises:
         ValueError: the kept lines (or the whole page) are not valid exposition format.
     """
+    return text_string_to_metric_families(_cut(text, names))
+
+
+def _cut(text: str, names: Iterable[str]) -> str:
+    """The text :func:`families_of` hands to prometheus_client: the kept lines, or the
+    whole page when none is kept from a page with samples."""
     kept = _line_filter(frozenset(names)).findall("\n" + text)
     if not kept and _SAMPLE_LINE.search(text):
-        return text_string_to_metric_families(text)
-    return text_string_to_metric_families("\n".join(kept) + "\n")
+        return text
+    return "\n".join(kept) + "\n"
 
 
 #: A line that is neither blank nor a comment: a sample.
@@ -126,12 +132,29 @@ def parse_page(text: str) -> dict:
 
     Raises:
         ValueError: ``text`` is not valid Prometheus exposition format.
+
+    Pages whose wanted lines are the same as one of the last few pages' (an idle server:
+    the reference server between its reference fetch and the end of the run, any server
+    between requests) are not parsed again: the result is a copy of that page's.
     """
+    return _copy(_parse_cut(_cut(text, _WANTED)))
+
+
+def _copy(page: dict) -> dict:
+    """A copy of a :func:`parse_page` result sharing no dict with it (the cache keeps the original)."""
+    return {"counters": dict(page["counters"]), "per_position": dict(page["per_position"]),
+            "gauges": dict(page["gauges"]),
+            "histograms": {k: {**v, "buckets": dict(v["buckets"])} for k, v in page["histograms"].items()}}
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_cut(cut: str) -> dict:
+    """:func:`parse_page` of the lines :func:`_cut` kept (cached: module doc of parse_page)."""
     counters: dict[str, float] = {}
     per_position: dict[str, float] = {}
     gauges: dict[str, float] = {}
     histograms: dict[str, dict] = {}
-    for family in families_of(text, _WANTED):
+    for family in text_string_to_metric_families(cut):
         hist = histograms.setdefault(family.name, {"buckets": {}, "sum": 0.0, "count": 0.0}) \
             if family.name in HISTOGRAMS else None
         for s in family.samples:
