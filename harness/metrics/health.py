@@ -9,10 +9,13 @@ said, when, and how fast.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,16 +33,25 @@ def port_refuses(url: str, timeout_s: float) -> bool:
     """Whether a TCP connect to ``url``'s host and port is refused (``ECONNREFUSED``: nothing
     listens there), the one answer an HTTP request would also get as a ``connect`` error.
     Any other outcome (connected, timed out after ``timeout_s`` seconds, another error)
-    is False: then only an HTTP request can tell. A connection made is closed at once."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    is False: then only an HTTP request can tell. A connection made is closed at once.
+    The address is resolved once per URL (loopback: an IP literal or ``localhost``)."""
+    family, addr = _address(url)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=timeout_s).close()
-    except ConnectionRefusedError:
-        return True
+        sock.settimeout(timeout_s)
+        return sock.connect_ex(addr) == errno.ECONNREFUSED
     except OSError:
         return False
-    return False
+    finally:
+        sock.close()
+
+
+@functools.lru_cache(maxsize=32)
+def _address(url: str) -> tuple[int, Any]:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    family, _, _, _, addr = socket.getaddrinfo(parts.hostname or "127.0.0.1", port, type=socket.SOCK_STREAM)[0]
+    return family, addr
 
 
 class HealthSampler:
@@ -102,7 +114,8 @@ class RecoveryProber:
     µs instead of an HTTP request's ~1 ms of CPU, sixty times a second through an outage):
     refused again, it writes the event the HTTP probe would have written (no status,
     ``error: "connect"``) with ``via: "tcp"``; anything else, the HTTP probe is sent at
-    once, on the same schedule. So the probe instants and the recorded outcomes are the
+    once, on the same schedule. Kinds due in the same tick at the same address share one
+    connect. So the probe instants and the recorded outcomes are the
     same as with HTTP probes alone.
 
     Writes ``health`` timeline events (as :class:`HealthSampler`, with ``dense: true``) and
@@ -189,17 +202,22 @@ class RecoveryProber:
                            send_time=rec.send_time, latency_s=rec.e2e_s, ok=ok, status=rec.status, error=rec.error)
         self._note("generation", rec.send_time, ok)
 
-    def _still_refused(self, kind: str) -> bool:
+    def _still_refused(self, kind: str, checked: dict[str, tuple[bool, float, float]]) -> bool:
         """The port-first probe (class doc): True (and the event written) when ``kind``'s
-        port still refuses connections; False when the HTTP probe must go."""
+        port still refuses connections; False when the HTTP probe must go. ``checked``:
+        this tick's port checks by URL (``(refused, sent, latency)``), so both kinds share
+        one connect when they go to the same address."""
         if not self._refused[kind]:
             return False
-        sent, t0 = now(), time.perf_counter()
         url = self.health_url if kind == "health" else self.generation_url
-        if not port_refuses(url, min(self.health_interval_s, self.generation_interval_s)):
+        if url not in checked:
+            sent, t0 = now(), time.perf_counter()
+            refused = port_refuses(url, min(self.health_interval_s, self.generation_interval_s))
+            checked[url] = (refused, sent, round(time.perf_counter() - t0, 6))
+        refused, sent, latency = checked[url]
+        if not refused:
             self._refused[kind] = False
             return False
-        latency = round(time.perf_counter() - t0, 6)
         if kind == "health":
             self.timeline.emit("health", "health", server=self.server_name, status=None, latency_s=latency,
                                dense=True, via="tcp")
@@ -216,11 +234,12 @@ class RecoveryProber:
                 ThreadPoolExecutor(max_workers=2 * self.max_in_flight, thread_name_prefix="recovery-probe") as pool:
             while not self._stop.is_set() and not self.done() and time.monotonic() - start < self.max_s:
                 t = time.monotonic()
+                checked: dict[str, tuple[bool, float, float]] = {}
                 for kind in ("health", "generation"):
                     if t < due[kind]:
                         continue
                     due[kind] = max(due[kind] + interval[kind], t)   # no burst to catch up
-                    if self._still_refused(kind):
+                    if self._still_refused(kind, checked):
                         continue
                     with self._lock:
                         if self._in_flight[kind] >= self.max_in_flight:
