@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import http.client
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from harness.clock import now
+from harness.net import LoopbackGet
 from harness.load.client import make_client, stream_completion
 from harness.load.prompts import Prompt
 from harness.load.records import is_complete
@@ -68,6 +70,8 @@ class HealthSampler:
         self.base_url = base_url
         self.interval_s = interval_s
         self._stop = threading.Event()
+        # http.client, not httpx: ~0.3 ms less CPU per sample (harness.net.LoopbackGet)
+        self._client = LoopbackGet(base_url, max(0.5, min(2.0, interval_s * 4)))
         self._thread = threading.Thread(target=self._loop, name=f"health-{server_name}", daemon=True)
 
     def start(self) -> None:
@@ -75,8 +79,7 @@ class HealthSampler:
 
     def _loop(self) -> None:
         refused = False   # the last sample's connection was refused: check the port first
-        # loopback HTTP: no TLS, so no CA bundle to load (~45 ms of CPU per client)
-        with httpx.Client(timeout=max(0.5, min(2.0, self.interval_s * 4)), verify=False) as client:
+        with self._client as client:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
                 status: int | None = None
@@ -85,10 +88,10 @@ class HealthSampler:
                     extra["via"] = "tcp"   # as RecoveryProber: the outcome an HTTP request gets, for less CPU
                 else:
                     try:
-                        status = client.get(f"{self.base_url}/health").status_code
+                        status = client.get("/health")[0]
                         refused = False
-                    except httpx.HTTPError as exc:
-                        refused = isinstance(exc, httpx.ConnectError)
+                    except (OSError, http.client.HTTPException) as exc:
+                        refused = isinstance(exc, ConnectionRefusedError)
                 self.timeline.emit("health", "health", server=self.server_name, status=status,
                                    latency_s=round(time.perf_counter() - t0, 6), **extra)
                 self._stop.wait(self.interval_s)
