@@ -37,8 +37,11 @@ def port_refuses(url: str, timeout_s: float) -> bool:
     Any other outcome (connected, timed out after ``timeout_s`` seconds, another error)
     is False: then only an HTTP request can tell. A connection made is closed at once.
     The address is resolved once per URL (loopback: an IP literal or ``localhost``)."""
-    family, addr = _address(url)
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        family, addr = _address(url)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, ValueError):   # unresolvable, a bad port: only an HTTP request can tell
+        return False
     try:
         sock.settimeout(timeout_s)
         return sock.connect_ex(addr) == errno.ECONNREFUSED

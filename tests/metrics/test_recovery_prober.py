@@ -76,6 +76,7 @@ def test_port_refuses():
     assert not port_refuses(url, 0.5)
     srv.close()
     assert port_refuses(url, 0.5)
+    assert not port_refuses("http://no-such-host.invalid:80", 0.5)   # unresolvable: not "refused"
 
 
 def test_a_closed_port_is_probed_by_tcp_connects_with_the_same_outcomes(fake_vllm, tmp_path):
