@@ -115,8 +115,10 @@ def test_kernel_stamp_is_the_arrival_of_the_bytes():
         assert stream.read(10, timeout=2) == b"x"
         read_at = time.time_ns()
         assert stream.kernel
-        assert before - 1_000_000 <= stream.last_rx_ns <= after + 1_000_000
-        assert read_at - stream.last_rx_ns >= 90_000_000   # the read came 100 ms later
+        assert stream.last_rx_ns >= before - 1_000_000    # never before the send
+        # the stamp is the arrival, not the read 100 ms later (on a busy host the kernel may
+        # stamp a little after the send returned: its receive work can be deferred)
+        assert read_at - stream.last_rx_ns >= 50_000_000, (stream.last_rx_ns - after, read_at - after)
         accepted[0].close()
         assert stream.read(10, timeout=2) == b""
     finally:
