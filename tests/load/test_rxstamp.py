@@ -64,8 +64,9 @@ def test_stamps_are_arrival_not_parse_time(sse_server, monkeypatch):
         recs = [stream_completion(c, sse_server, "m", PROMPT, timeout_s=10) for _ in range(3)]
     assert all(r.ok for r in recs)
     late = [x for r in recs for x in lateness_ms(r)]
-    # the client fell 40, 80, 120 ms behind; the stamps did not
-    assert max(late) < 15.0, late
+    # the client fell 40, 80, 120 ms behind; the stamps did not (the margin is for a busy
+    # host delaying the server between its stamp and its write)
+    assert max(late) < 30.0, late
     assert min(late) > -1.0, late   # never before the server sent it
     for r in recs:
         assert r.chunk_offsets_s == sorted(r.chunk_offsets_s)
