@@ -17,6 +17,11 @@ stamp. Where the kernel gives no stamp (not Linux, the option refused, a TLS str
 the stream stamps the return of each read in user space (``time.time_ns()`` right
 after it), which still leaves the parsing out.
 
+Linux turns receive stamping on for the whole host a moment after the first socket asks
+for it (a static key flipped from a work queue) and off again when the last such socket
+closes, so the first segments a fresh load process reads may come unstamped: those reads
+get the user-space stamp.
+
 Where the httpx internals this relies on (``HTTPTransport._pool``) are not as expected,
 :func:`make_transport` returns a plain transport and :func:`last_rx_s` None: the client
 then stamps as before (after the event is parsed). ``tests/load/test_rxstamp.py`` fails
