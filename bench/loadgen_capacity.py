@@ -20,7 +20,8 @@ records.jsonl), pinned to one core with ``sched_setaffinity``:
   paced like the tiny vLLM's (``--timing-gap-ms`` 20 ms between chunks: about 25
   requests/s, the default experiment's rate) for ``--timing-seconds``; for every output
   chunk, the client's arrival instant (its record's ``send_time`` + chunk offset, TTFT for
-  the first) minus the server's send instant (both the same machine's wall clock);
+  the first: the kernel's receive stamp of the chunk's data, :mod:`harness.load.rxstamp`)
+  minus the server's send instant (both the same machine's wall clock);
   ``timing_error_ms`` is the median of that lateness, with p99 and max beside it (loopback
   transit included, so never 0). The same figures at capacity are reported as
   ``timing_at_capacity`` (a saturated client queues chunks: that is its limit, not its

@@ -14,7 +14,7 @@ import httpx
 from harness.checks.slo import coverage_check, phase_slo_checks
 from harness.clock import now
 from harness.experiment import session as sess
-from harness.load.client import stream_completion
+from harness.load.client import make_client, stream_completion
 from harness.load.records import append_record, is_complete, is_spec_load, read_records
 from harness.metrics.phases import phase_metrics
 
@@ -28,7 +28,7 @@ def server_health(server: str = "spec", timeout_s: float = 5.0) -> int:
     s = sess.current()
     url = s.stack.servers[server].base_url
     try:
-        return httpx.get(f"{url}/health", timeout=timeout_s).status_code
+        return httpx.get(f"{url}/health", timeout=timeout_s, verify=False).status_code   # loopback HTTP: no CA bundle
     except httpx.HTTPError:
         return 0
 
@@ -38,7 +38,7 @@ def generation_succeeds(server: str = "spec", timeout_s: float = 30.0) -> bool:
     a finish_reason, chunk tokens == usage). The record goes to ``probes.jsonl``."""
     s = sess.current()
     srv = s.stack.servers[server]
-    with httpx.Client() as client:
+    with make_client(2) as client:
         rec = stream_completion(client, srv.base_url, srv.model, s.prompts[0], timeout_s=timeout_s,
                                 source="probe", ignore_eos=s.cfg.load.ignore_eos, server=server)
     append_record(s.out_dir / "probes.jsonl", rec)

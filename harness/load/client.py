@@ -6,7 +6,13 @@ Server and network faults never raise: they become ``record.error`` (classes doc
 in :mod:`harness.load.records`). SSE is parsed with ``httpx-sse``.
 
 Timing: ``send_time`` is epoch seconds (:func:`harness.clock.now`) taken just before the
-request is sent; every offset is :func:`time.perf_counter` seconds after that instant.
+request is sent; every offset is seconds after that instant. An SSE event's offset is the
+arrival of the read that completed it: with a client from :func:`make_client`, the
+kernel's receive stamp of that data (:mod:`harness.load.rxstamp`; epoch ns, so the offset
+is the stamp − ``send_time``), never later than the moment the client parsed the event
+(:func:`time.perf_counter` since the send); with another ``httpx.Client``, that moment
+itself. So neither the load process's wait for a core nor the parsing delays a stamp.
+Errors and timeouts are timed with :func:`time.perf_counter` when the client sees them.
 An output chunk is an SSE event whose first choice carries output tokens: its token
 count is ``len(choice["token_ids"])`` (``return_token_ids``), or 1 for a non-empty
 ``text`` when the server sent no ``token_ids``.
@@ -44,6 +50,7 @@ from harness.net import LOOPBACK_HINT, is_loopback_host
 from harness.load.config import GREEDY, SamplingClass
 from harness.load.prompts import Prompt
 from harness.load.records import RequestRecord
+from harness.load.rxstamp import last_rx_s, make_transport
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +104,10 @@ def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
 
 def make_client(max_connections: int = 64) -> httpx.Client:
     """An ``httpx.Client`` for :func:`stream_completion`: ignores proxy environment
-    variables (loopback traffic must not be routed through a proxy)."""
-    return httpx.Client(trust_env=False, limits=httpx.Limits(max_connections=max_connections))
+    variables (loopback traffic must not be routed through a proxy) and stamps every read
+    with its data's arrival (:mod:`harness.load.rxstamp`, see "Timing" in the module doc)."""
+    limits = httpx.Limits(max_connections=max_connections)
+    return httpx.Client(trust_env=False, limits=limits, transport=make_transport(limits))
 
 
 class _Deadline:
@@ -272,6 +281,14 @@ def stream_completion(
     def since() -> float:
         return time.perf_counter() - t0
 
+    stream: Any = None   # the connection's network stream, once the response head came
+
+    def arrival() -> float:
+        """Offset (s) of the latest read's data arrival (module doc, "Timing")."""
+        t = since()
+        rx = last_rx_s(stream)
+        return t if rx is None else min(t, max(0.0, rx - rec.send_time))
+
     def fail(error: str, detail: Any) -> None:
         if rec.error is None:
             rec.error = error
@@ -287,7 +304,8 @@ def stream_completion(
             extensions={"trace": guard.trace},
         ) as response:
             try:
-                guard.arm(response.extensions.get("network_stream"))
+                stream = response.extensions.get("network_stream")
+                guard.arm(stream)
                 rec.status = response.status_code
                 if response.status_code != 200:
                     try:
@@ -297,7 +315,7 @@ def stream_completion(
                         text = f"(body unreadable: {type(exc).__name__})"
                     fail(f"http_{response.status_code}", text)
                 else:
-                    _read_stream(response, rec, since, fail, guard)
+                    _read_stream(response, rec, arrival, fail, guard)
             finally:
                 guard.cancel()
     except Exception as exc:
@@ -321,15 +339,16 @@ def stream_completion(
     return rec
 
 
-def _read_stream(response: httpx.Response, rec: RequestRecord, since: Callable[[], float],
+def _read_stream(response: httpx.Response, rec: RequestRecord, arrival: Callable[[], float],
                  fail: Callable[[str, Any], None], guard: _Deadline) -> None:
-    """Consume the SSE stream of a 200 response into ``rec`` (see :func:`stream_completion`).
+    """Consume the SSE stream of a 200 response into ``rec`` (see :func:`stream_completion`);
+    ``arrival()`` is the offset of the event just parsed (module doc, "Timing").
     Exceptions from the transport propagate; what arrived before them stays in ``rec``."""
     texts: list[str] = []
     events = EventSource(response).iter_sse()
     try:
         for event in events:
-            t = since()
+            t = arrival()
             data = event.data.strip()
             if data == "[DONE]":
                 rec.done = True

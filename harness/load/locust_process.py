@@ -177,8 +177,13 @@ class LocustProcess:
 
     def environment(self) -> dict[str, str]:
         """The child's environment: ours without ``LOCUST_*`` (no stray locust settings),
-        plus the ``SPECCHAOS_*`` settings of :mod:`harness.load.locustfile`."""
+        plus the ``SPECCHAOS_*`` settings of :mod:`harness.load.locustfile`, and
+        ``GEVENT_RESOLVER=block`` unless set: the load only reaches loopback (an IP literal or
+        ``localhost``, never a DNS query), so gevent's default resolver, which hands every
+        ``getaddrinfo`` of a new connection to a native thread pool, only costs CPU (each
+        retry into a dead server's port opens a new connection)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
+        env.setdefault("GEVENT_RESOLVER", "block")
         c = self.cfg
         env.update({
             "PYTHONUNBUFFERED": "1",

@@ -530,6 +530,10 @@ def global_user_id(k: int) -> int:
 
 @events.init.add_listener
 def _on_init(environment, **_kwargs) -> None:
+    # httpx logs one INFO line per request ("HTTP Request: POST ... 200 OK"): under locust's
+    # INFO logging that is a log record formatted and written for every request, all of it
+    # already in the records file. Warnings and errors still get through.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(MAX_REACHED_MSG, _on_max_reached)
 

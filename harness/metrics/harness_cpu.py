@@ -83,12 +83,18 @@ def process_tree_cpu_s(pid: int) -> float | None:
         procs = [proc] + proc.children(recursive=True)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+    return _tree_cpu_s(procs)
+
+
+def _tree_cpu_s(procs: list[psutil.Process]) -> float | None:
+    """CPU seconds of ``procs`` (the root first); None if the root is gone; a descendant
+    that is gone is skipped."""
     total = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            if p is proc:
+            if p is procs[0]:
                 return None
             continue
         total += t.user + t.system
@@ -106,11 +112,20 @@ class CpuMeter:
     load: the last sample of a live load process is the one that counts, so the load's
     CPU up to at most ``interval_s`` before it exited is counted).
 
+    A load process's descendants are found by walking the host's processes
+    (``children(recursive=True)`` reads every process: 2-5 ms with ~100 of them) at the
+    start, every :data:`WALK_EVERY` samples and at the last sample; in between, the
+    members found are read alone (locust has no children of its own, so the walk finds
+    nothing new; a descendant born and gone between two walks is missed).
+
     Args:
         load_pid: the load process (locust), or all of them (distributed mode: the master
             and its workers, each with its tree).
         interval_s: sampling period, seconds.
     """
+
+    #: Samples between two walks of the host's processes (class doc).
+    WALK_EVERY = 5
 
     def __init__(self, load_pid: int | Sequence[int], interval_s: float = 1.0):
         self.load_pids = [load_pid] if isinstance(load_pid, int) else list(load_pid)
@@ -126,6 +141,8 @@ class CpuMeter:
         self._th0: dict[int, float] = {}
         self._th1: dict[int, float] = {}
         self._names: dict[int, str] = {}
+        self._trees: dict[int, list[psutil.Process]] = {}   # per load pid: its tree at the last walk
+        self._samples = 0
 
     def _controller_s(self) -> float:
         t = self._me.cpu_times()
@@ -137,8 +154,26 @@ class CpuMeter:
         except psutil.Error:
             return {}
 
-    def _sample(self) -> None:
-        load = {pid: cpu for pid in self.load_pids if (cpu := process_tree_cpu_s(pid)) is not None}
+    def _load_cpu_s(self, pid: int, walk: bool) -> float | None:
+        """:func:`process_tree_cpu_s` of ``pid`` over the members of its last walk (a new
+        walk when ``walk``, or when it has none or lost a member)."""
+        procs = self._trees.get(pid)
+        if procs is not None and not walk:
+            alive = all(p.is_running() for p in procs[1:])
+            if alive:
+                return _tree_cpu_s(procs)
+        try:
+            root = psutil.Process(pid)
+            self._trees[pid] = procs = [root, *root.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            self._trees.pop(pid, None)
+            return None
+        return _tree_cpu_s(procs)
+
+    def _sample(self, walk: bool = False) -> None:
+        walk = walk or self._samples % self.WALK_EVERY == 0
+        self._samples += 1
+        load = {pid: cpu for pid in self.load_pids if (cpu := self._load_cpu_s(pid, walk)) is not None}
         threads = self._threads_s()
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         with self._lock:
@@ -152,7 +187,7 @@ class CpuMeter:
     def start(self) -> "CpuMeter":
         self._t0, self._c0 = time.monotonic(), self._controller_s()
         self._th0 = self._threads_s()
-        self._l0 = {pid: cpu for pid in self.load_pids if (cpu := process_tree_cpu_s(pid)) is not None}
+        self._l0 = {pid: cpu for pid in self.load_pids if (cpu := self._load_cpu_s(pid, True)) is not None}
         self._l1 = dict(self._l0)
         self._t1, self._c1 = self._t0, self._c0
         self._thread = threading.Thread(target=self._run, name="harness-cpu", daemon=True)
@@ -173,7 +208,7 @@ class CpuMeter:
         self._stop.set()
         self._thread.join(timeout=5)
         try:
-            self._sample()
+            self._sample(walk=True)
         except Exception as exc:  # noqa: BLE001
             log.debug("harness CPU sample failed: %s", exc)
 

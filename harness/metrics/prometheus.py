@@ -3,6 +3,8 @@ own parser, never a hand parser."""
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,38 +26,46 @@ def families_of(text: str, names: Iterable[str]):
 
     ``names`` are sample or family names (``vllm:generation_tokens_total``,
     ``vllm:time_to_first_token_seconds``). Before parsing, the page is cut down to the
-    lines of those families (samples, ``# HELP`` and ``# TYPE``, matched by the name
-    before ``{``/space with or without one suffix ``_total``, ``_created``, ``_bucket``,
-    ``_sum``, ``_count``): prometheus_client's parser is pure Python and vLLM's page has
-    ~100 families (53 KB, ~14 ms a parse on a loaded core; the wanted ones are a tenth of
-    that), and the scraper parses every server's page twice a second. When no line is
-    kept from a page that has samples, the whole page is parsed, so a page that is not
-    Prometheus text still raises.
+    lines of those families (samples, matched by the name before ``{`` or whitespace with
+    or without one suffix ``_total``, ``_created``, ``_bucket``, ``_sum``, ``_count``; and
+    ``# HELP`` / ``# TYPE`` lines naming one of them or one of them without a suffix):
+    prometheus_client's parser is pure Python and vLLM's page has ~100 families (53 KB,
+    ~14 ms a parse on a loaded core; the wanted ones are a tenth of that), and the
+    scraper parses every server's page twice a second. The cut is one regular expression
+    over the page (:func:`_line_filter`: 0.44 ms on vLLM's page where a loop over its lines
+    in Python took 2.4 ms, measured side by side on a loaded core). When no line is kept from a page that has samples, the whole
+    page is parsed, so a page that is not Prometheus text still raises.
 
     Raises:
         ValueError: the kept lines (or the whole page) are not valid exposition format.
     """
-    wanted = {b for n in names for b in _base_names(n)}
-    kept, samples = [], False
-    for line in text.splitlines():
-        if not line or line.isspace():
-            continue
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in wanted:
-                kept.append(line)
-            continue
-        samples = True
-        end = len(line)
-        for sep in ("{", " "):
-            i = line.find(sep)
-            if 0 <= i < end:
-                end = i
-        if any(b in wanted for b in _base_names(line[:end])):
-            kept.append(line)
-    if not kept and samples:
-        return text_string_to_metric_families(text)
-    return text_string_to_metric_families("\n".join(kept) + "\n")
+    return text_string_to_metric_families(_cut(text, names))
+
+
+def _cut(text: str, names: Iterable[str]) -> str:
+    """The text :func:`families_of` hands to prometheus_client: the kept lines, or the
+    whole page when none is kept from a page with samples."""
+    kept = _line_filter(frozenset(names)).findall("\n" + text)
+    if not kept and _SAMPLE_LINE.search(text):
+        return text
+    return "\n".join(kept) + "\n"
+
+
+#: A line that is neither blank nor a comment: a sample.
+_SAMPLE_LINE = re.compile(r"^[ \t]*[^#\s]", re.M)
+
+
+@functools.lru_cache(maxsize=16)
+def _line_filter(names: frozenset[str]) -> re.Pattern[str]:
+    """The regular expression whose ``findall`` over ``"\\n" + page`` gives the lines
+    :func:`families_of` keeps. It starts with a literal newline rather than a multi-line
+    ``^``, so the regex engine jumps from line start to line start instead of trying every
+    character of the page (2x faster)."""
+    wanted = sorted({b for n in names for b in _base_names(n)}, key=lambda n: (-len(n), n))
+    alt = "|".join(map(re.escape, wanted)) or r"(?!)"
+    suffix = "|".join(map(re.escape, _SUFFIXES))
+    return re.compile(rf"\n((?:#[ \t]+(?:HELP|TYPE)[ \t]+(?:{alt})(?=[ \t\n]|\Z)"
+                      rf"|(?:{alt})(?:{suffix})?(?=[{{ \t]))[^\n]*)")
 
 
 def sample_total(text: str, name: str) -> float | None:
@@ -122,12 +132,29 @@ def parse_page(text: str) -> dict:
 
     Raises:
         ValueError: ``text`` is not valid Prometheus exposition format.
+
+    Pages whose wanted lines are the same as one of the last few pages' (an idle server:
+    the reference server between its reference fetch and the end of the run, any server
+    between requests) are not parsed again: the result is a copy of that page's.
     """
+    return _copy(_parse_cut(_cut(text, _WANTED)))
+
+
+def _copy(page: dict) -> dict:
+    """A copy of a :func:`parse_page` result sharing no dict with it (the cache keeps the original)."""
+    return {"counters": dict(page["counters"]), "per_position": dict(page["per_position"]),
+            "gauges": dict(page["gauges"]),
+            "histograms": {k: {**v, "buckets": dict(v["buckets"])} for k, v in page["histograms"].items()}}
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_cut(cut: str) -> dict:
+    """:func:`parse_page` of the lines :func:`_cut` kept (cached: module doc of parse_page)."""
     counters: dict[str, float] = {}
     per_position: dict[str, float] = {}
     gauges: dict[str, float] = {}
     histograms: dict[str, dict] = {}
-    for family in families_of(text, _WANTED):
+    for family in text_string_to_metric_families(cut):
         hist = histograms.setdefault(family.name, {"buckets": {}, "sum": 0.0, "count": 0.0}) \
             if family.name in HISTOGRAMS else None
         for s in family.samples:

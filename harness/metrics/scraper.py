@@ -38,6 +38,7 @@ exit) and dying with the harness in any case.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -52,7 +53,7 @@ import psutil
 from harness.clock import now
 from harness.errors import SpecchaosError
 from harness.metrics.prometheus import parse_page
-from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.net import LOOPBACK_HINT, LoopbackGet, is_loopback_host
 from harness.timeline import Timeline
 
 __all__ = ["METRICS_FILE", "DEFAULT_INTERVAL_S", "DEFAULT_TIMEOUT_S", "ScrapedServer", "MetricsScraper",
@@ -151,9 +152,12 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:300]
 
 
-def scrape_line(client: httpx.Client, name: str, server: ScrapedServer, tree: TreeCache | None = None) -> Line:
+def scrape_line(client: httpx.Client | LoopbackGet, name: str, server: ScrapedServer,
+                tree: TreeCache | None = None) -> Line:
     """Scrape ``server`` once and return its ``metrics.jsonl`` line (module doc): ``ok``
     with the parsed page, or a gap with the reason. Never raises for a server that fails.
+    ``client``: an ``httpx.Client``, or the scraping thread's :class:`harness.net.LoopbackGet`
+    for ``server.base_url`` (cheaper: module doc of that class).
     ``tree``: the thread's :class:`TreeCache` for this server (None: walk the tree now)."""
     try:
         api = server.api_process()
@@ -163,12 +167,18 @@ def scrape_line(client: httpx.Client, name: str, server: ScrapedServer, tree: Tr
     t0 = time.perf_counter()
     line: Line
     try:
-        resp = client.get(f"{server.base_url}/metrics")
-        if resp.status_code != 200:
-            line = {"t": now(), "server": name, "ok": False, "error": f"HTTP {resp.status_code} from /metrics"}
+        if isinstance(client, LoopbackGet):
+            status, body = client.get("/metrics")
+            text = body.decode("utf-8") if status == 200 else ""
         else:
-            line = {"t": now(), "server": name, "ok": True, **parse_page(resp.text)}
-    except (httpx.HTTPError, ValueError, UnicodeDecodeError) as exc:   # ValueError: unparsable page
+            resp = client.get(f"{server.base_url}/metrics")
+            status, text = resp.status_code, resp.text if resp.status_code == 200 else ""
+        if status != 200:
+            line = {"t": now(), "server": name, "ok": False, "error": f"HTTP {status} from /metrics"}
+        else:
+            line = {"t": now(), "server": name, "ok": True, **parse_page(text)}
+    except (httpx.HTTPError, OSError, http.client.HTTPException, ValueError) as exc:
+        # ValueError: an unparsable page (UnicodeDecodeError is one)
         line = {"t": now(), "server": name, "ok": False, "error": _one_line(exc)}
     line["rss_bytes"], line["tree_pids"] = tree_memory(api) if tree is None else tree.memory(api)
     line["pid"] = pid
@@ -252,14 +262,22 @@ class MetricsScraper:
 
     def _loop(self, name: str, server: ScrapedServer) -> None:
         tree = TreeCache()
-        with httpx.Client(timeout=self.timeout_s) as client:
+        client: LoopbackGet | None = None
+        try:
             while not self._stop.is_set():
                 started = time.monotonic()
                 try:
+                    if client is None or client.base_url != server.base_url:   # a server moved: follow it
+                        if client is not None:
+                            client.close()
+                        client = LoopbackGet(server.base_url, self.timeout_s)
                     self.write(scrape_line(client, name, server, tree))
                 except Exception as exc:   # noqa: BLE001 - e.g. the disk is full: say so, keep going
                     log.error("metrics scrape of %s failed to record: %s", name, exc)
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        finally:
+            if client is not None:
+                client.close()
 
     def stop(self) -> None:
         """Stop every scraping thread (idempotent; waits at most ``timeout_s`` + 1 s each)."""

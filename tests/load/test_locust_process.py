@@ -153,6 +153,7 @@ def test_command_is_argv_with_the_config(server, run_dir):
     env = lp.environment()
     assert env["SPECCHAOS_MODEL"] == "normal" and env["SPECCHAOS_MAX_REQUESTS"] == "20000"
     assert not any(k.startswith("LOCUST_") for k in env)
+    assert env["GEVENT_RESOLVER"] == "block"   # loopback only: no thread pool per getaddrinfo
 
 
 def test_run_time_ends_the_run(server, run_dir):

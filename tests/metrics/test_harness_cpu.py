@@ -128,3 +128,24 @@ def test_meter_sums_several_load_processes():
             p.kill()
             p.wait()
     assert 0.45 <= meter.section(1)["locust_cpu_s"] <= 1.0
+
+
+def test_meter_walks_the_hosts_processes_only_every_few_samples(monkeypatch):
+    """Reading every process on the host costs ms: the meter walks at start, every
+    WALK_EVERY samples and at the end, and reads the members it found in between."""
+    import psutil
+
+    walks = []
+    real = psutil.Process.children
+    monkeypatch.setattr(psutil.Process, "children", lambda self, **kw: walks.append(1) or real(self, **kw))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        meter = CpuMeter(proc.pid, interval_s=0.05).start()
+        time.sleep(1.0)
+        meter.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    samples = meter._samples
+    assert samples >= 8
+    assert len(walks) <= samples // CpuMeter.WALK_EVERY + 3, (len(walks), samples)

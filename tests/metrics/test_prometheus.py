@@ -76,12 +76,13 @@ def test_parsing_only_the_wanted_families_gives_the_same_page():
     for f in sorted(DATA.glob("*.prom")):
         text = f.read_text()
         cut = prometheus.parse_page(text)
-        real = prometheus.families_of
+        real = prometheus._cut
         try:
-            prometheus.families_of = lambda t, names: text_string_to_metric_families(t)
+            prometheus._cut = lambda t, names: t     # hand prometheus_client the whole page
             whole = prometheus.parse_page(text)
+            assert list(text_string_to_metric_families(text))   # (the page parses whole)
         finally:
-            prometheus.families_of = real
+            prometheus._cut = real
         assert cut == whole and cut["counters"] and cut["histograms"], f.name
         assert {m.name for m in prometheus.families_of(text, ["vllm:generation_tokens_total"])} == {
             "vllm:generation_tokens", "vllm:generation_tokens_created"}
@@ -95,3 +96,39 @@ def test_a_page_of_other_families_or_of_garbage_still_raises_or_is_empty():
         prometheus.parse_page("<html>not metrics</html>\n")
     with pytest.raises(ValueError):      # a broken line inside a wanted family
         prometheus.parse_page('vllm:num_requests_running{engine="0" 1\n')
+
+
+def test_the_cut_keeps_first_and_last_lines_and_no_lookalikes():
+    """The line filter (one regular expression) at the page's edges: a wanted family on the
+    first line and a last line without a newline are kept; a name that only starts like a
+    wanted one is not."""
+    from harness.metrics import prometheus
+
+    page = ("vllm:num_requests_running 2\n"
+            "vllm:num_requests_running_other 9\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            "vllm:num_requests_waiting{engine=\"0\"} 3")
+    fams = {m.name: [s.value for s in m.samples] for m in prometheus.families_of(page, prometheus.GAUGES)}
+    assert fams == {"vllm:num_requests_running": [2.0], "vllm:num_requests_waiting": [3.0]}
+
+
+def test_a_page_whose_wanted_lines_did_not_change_is_not_parsed_again(monkeypatch):
+    """parse_page caches by the kept lines: the same page (or one differing only outside
+    the wanted families) is parsed once; every call gets its own copy."""
+    from harness.metrics import prometheus
+
+    text = (DATA / "vllm-0.32-before-kill.prom").read_text()
+    prometheus._parse_cut.cache_clear()
+    first = prometheus.parse_page(text)
+    calls = []
+    real = prometheus.text_string_to_metric_families
+    monkeypatch.setattr(prometheus, "text_string_to_metric_families", lambda t: calls.append(t) or real(t))
+    other = text + "# TYPE unrelated gauge\nunrelated 7\n"   # differs outside the wanted families
+    second = prometheus.parse_page(other)
+    assert second == first and calls == []
+    second["counters"].clear()
+    next(iter(second["histograms"].values()))["buckets"].clear()
+    assert prometheus.parse_page(text) == first and calls == []     # the cached result was not touched
+    changed = text.replace("vllm:num_requests_running{", "vllm:num_requests_running{x=\"1\",", 1)
+    prometheus.parse_page(changed)
+    assert len(calls) == 1                                           # a wanted line changed: parsed

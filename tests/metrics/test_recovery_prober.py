@@ -67,3 +67,69 @@ def test_probes_never_pile_up_on_a_server_that_does_not_answer(tmp_path):
     prober.stop()
     srv.close()
     assert len(tl.select(event="health")) <= 3 * 3    # ~1.5 s of 1 s timeouts, 3 at a time
+
+
+def test_port_refuses():
+    from harness.metrics.health import port_refuses
+    srv = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    assert not port_refuses(url, 0.5)
+    srv.close()
+    assert port_refuses(url, 0.5)
+    assert not port_refuses("http://no-such-host.invalid:80", 0.5)   # unresolvable: not "refused"
+
+
+def test_a_closed_port_is_probed_by_tcp_connects_with_the_same_outcomes(fake_vllm, tmp_path):
+    """While nothing listens, the probes after the first of each kind are bare TCP connects
+    (``via: "tcp"``) recording what an HTTP probe records (no status, a ``connect`` error),
+    on the same schedule; the server's return is seen by HTTP probes within the interval."""
+    first = fake_vllm()
+    url = first.base_url
+    first.stop()
+    tl = Timeline(tmp_path / "timeline.jsonl")
+    prober = RecoveryProber(tl, "spec", url, url, "fake", PROMPT, max_s=30)
+    prober.start()
+    prober.release()
+    time.sleep(1.0)
+    down = tl.select()
+    health = [e for e in down if e["event"] == "health"]
+    gen = [e for e in down if e["event"] == "generation_probe"]
+    assert all(e["status"] is None for e in health)
+    assert all(e["ok"] is False and e["error"] == "connect" and e["status"] is None for e in gen)
+    tcp_h = [e for e in health if e.get("via") == "tcp"]
+    tcp_g = [e for e in gen if e.get("via") == "tcp"]
+    assert len(tcp_h) >= len(health) - 3 and len(tcp_g) >= len(gen) - 3   # HTTP only for the first few
+    assert 25 <= len(health) <= 45 and 12 <= len(gen) <= 23              # 25 ms and 50 ms over 1 s
+    for e in tcp_g:
+        assert e["t"] >= e["send_time"] and e["latency_s"] < 0.05
+    outage = now()
+    second = fake_vllm(port=first.port)
+    deadline = time.monotonic() + 20
+    while not prober.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert prober.done()
+    prober.stop()
+    evs = tl.select()
+    res = resolution([], evs, outage - 0.5)
+    assert res["resolution_s"] is not None and res["resolution_s"] <= 0.1, res
+    assert any(e["event"] == "health" and e["status"] == 200 and "via" not in e for e in evs)
+    second.stop()
+
+
+def test_health_sampler_checks_a_refusing_port_first(fake_vllm):
+    from harness.metrics.health import HealthSampler
+    first = fake_vllm()
+    first.stop()
+    tl = Timeline()
+    sampler = HealthSampler(tl, "spec", first.base_url, interval_s=0.05)
+    sampler.start()
+    time.sleep(0.5)
+    second = fake_vllm(port=first.port)
+    time.sleep(0.5)
+    sampler.stop()
+    evs = tl.select(event="health")
+    down = [e for e in evs if e["status"] is None]
+    assert len(down) >= 5 and all(e.get("via") == "tcp" for e in down[1:])
+    assert "via" not in down[0]                      # the first refusal came from an HTTP request
+    assert evs[-1]["status"] == 200 and "via" not in evs[-1]
+    second.stop()

@@ -1,0 +1,43 @@
+"""The supervisor's exit watch: sees a child's exit at once, and sleeps (no polling) while
+the child runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from harness.stack.local import _ExitWatch
+
+
+def test_sees_the_exit_at_once_and_reaps():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    with _ExitWatch(child) as w:
+        assert not w.wait(0.05)
+        t0 = time.monotonic()
+        assert w.wait(10)
+        waited = time.monotonic() - t0
+    assert child.returncode == 0
+    assert waited < 5
+
+
+def test_sleeps_while_the_child_runs():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with _ExitWatch(child) as w:
+            t0 = time.thread_time()
+            for _ in range(5):
+                assert not w.wait(0.1)
+            cpu = time.thread_time() - t0
+        assert cpu < 0.02, cpu    # Popen.wait(0.1) polls ~10 times per call
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_child_already_gone():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    time.sleep(0.5)
+    with _ExitWatch(child) as w:
+        assert w.wait(1)
+    assert child.returncode == 0
