@@ -200,7 +200,7 @@ def _classify(exc: BaseException) -> str:
     return f"other:{type(exc).__name__}"
 
 
-def _error_message(payload: dict) -> str | None:
+def error_message(payload: dict) -> str | None:
     """The error text of an in-stream error event, or None if ``payload`` is not one.
     vLLM sends ``{"error": {"message", "type", "code", ...}}`` (older: ``{"object": "error", ...}``)."""
     err = payload.get("error")
@@ -367,7 +367,7 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, arrival: Callable
             except ValueError as exc:
                 fail("bad_payload", f"{exc}: {data[:200]}")
                 break
-            message = _error_message(payload)
+            message = error_message(payload)
             if message is not None:
                 fail("stream_error", message)
                 continue  # vLLM follows an error event with [DONE]; keep reading for it

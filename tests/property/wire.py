@@ -22,7 +22,7 @@ import httpx
 from httpx_sse import EventSource
 from hypothesis import currently_in_test_context, note
 
-from harness.load.client import COMPLETIONS_PATH, check_loopback_url
+from harness.load.client import COMPLETIONS_PATH, check_loopback_url, error_message
 
 
 @dataclass
@@ -126,7 +126,7 @@ def send(client: httpx.Client, base_url: str, body: dict[str, Any], *, timeout_s
         c.status = r.status_code
         payload = _json(r.text)
         if r.status_code != 200:
-            c.error = _error(payload) or r.text[:300]
+            c.error = error_message(payload) or r.text[:300]
             return c
         c.done, c.events = True, 1
         choice = (payload.get("choices") or [{}])[0]
@@ -142,7 +142,7 @@ def send(client: httpx.Client, base_url: str, body: dict[str, Any], *, timeout_s
         c.status = r.status_code
         if r.status_code != 200:
             r.read()
-            c.error = _error(_json(r.text)) or r.text[:300]
+            c.error = error_message(_json(r.text)) or r.text[:300]
             return c
         texts: list[str] = []
         for event in EventSource(r).iter_sse():
@@ -156,7 +156,7 @@ def send(client: httpx.Client, base_url: str, body: dict[str, Any], *, timeout_s
             index = c.events
             c.events += 1
             if _error(payload):
-                c.error = _error(payload)
+                c.error = error_message(payload)
                 continue
             if payload.get("usage") is not None:
                 c.usage_events.append(index)
@@ -185,15 +185,6 @@ def _json(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return out if isinstance(out, dict) else {}
-
-
-def _error(payload: dict[str, Any]) -> str | None:
-    err = payload.get("error")
-    if err is not None:
-        return str(err.get("message", err) if isinstance(err, dict) else err)
-    if payload.get("object") == "error":
-        return str(payload.get("message", payload))
-    return None
 
 
 def _logprobs(part: dict[str, Any] | None, acc: dict[str, list] | None) -> dict[str, list] | None:
