@@ -6,7 +6,11 @@ explicitly with ``-p harness.pytest_plugin``.
 (its ``title`` is the item's name) when it is named on the command line, lies under a
 directory named on the command line, or matches a glob of ``--specchaos-experiments`` /
 the ini option ``specchaos_experiments`` (relative to the rootdir). Files found only by
-walking ``testpaths`` are never collected (a plain ``pytest`` never starts an experiment).
+walking ``testpaths`` are never collected (a plain ``pytest`` never starts an experiment),
+nor are those found by walking the project's root directory (the ini file's; ``pytest .``), ``.json`` files not named
+one by one, and the copies in run directories. Under a named directory, a YAML file that
+does not parse, or a Chaos Toolkit experiment without ``configuration.specchaos``, is a
+collection error (a broken gate experiment never drops silently out of the gate).
 
 **Outcome.** The item runs the real runner (:func:`harness.experiment.runner.run`) into
 ``<out>/<NN>-<file stem>/`` during *setup*, so the verdict maps onto pytest's outcomes:
@@ -87,6 +91,9 @@ MARKERS = {
 }
 EXPERIMENT_SUFFIXES = (".yaml", ".yml", ".json")
 ALLURE_ENV = "SPECCHAOS_ALLURE_DIR"
+#: The tag of experiments that must fail (``experiments/selftest/``): their item is a strict xfail.
+SELFTEST_TAG = "selftest"
+NOT_AN_EXPERIMENT = "no configuration.specchaos block (not a Chaos Toolkit experiment)"
 
 _STATE = pytest.StashKey["_PluginState"]()
 
@@ -98,6 +105,7 @@ class _PluginState:
     globs: list[str]
     rootdir: Path
     gate: bool
+    project_root: Path | None = None   # the directory of pytest's ini file: named alone, it is searched for no experiment
     pool: StackPool | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     items: int = 0
@@ -220,6 +228,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 config.args.append(str(path))
                 explicit.append(path.resolve())
     config.stash[_STATE] = _PluginState(out=out, explicit=explicit, globs=globs, rootdir=Path(config.rootpath),
+                                        project_root=config.inipath.parent.resolve() if config.inipath else None,
                                         gate=bool(config.getoption("specchaos_gate")))
     allure_dir = config.getoption("specchaos_allure_dir") or getattr(config.option, "allure_report_dir", None)
     if allure_dir:
@@ -232,32 +241,50 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """Experiment files named on the command line (or by the globs), or found under a
+    directory named there. Found by recursion: YAML only (``.json`` must be named), never
+    by walking the project's root directory (``pytest .`` runs no experiment), never a run directory's
+    copy (a directory holding ``report.json`` or ``run.json``). A YAML file found there that
+    does not parse, or that is a Chaos Toolkit experiment without ``configuration.specchaos``,
+    is a collection error: a broken gate experiment must not drop out of the gate."""
     if file_path.suffix not in EXPERIMENT_SUFFIXES:
         return None
     st = parent.config.stash[_STATE]
     path = file_path.resolve()
-    if not any(path == e or e in path.parents for e in st.explicit):
-        return None
-    doc = _read_doc(file_path)
-    if doc is None:
-        if path in st.explicit:   # named on the command line: say why it is no experiment
-            return ExperimentFile.from_parent(parent, path=file_path)
+    named = path in st.explicit
+    if not named:
+        if file_path.suffix == ".json" or _in_run_dir(path):
+            return None
+        if not any(e in path.parents and e != st.project_root for e in st.explicit):
+            return None
+    doc, why = _read_doc(file_path)
+    if doc is None and not (named or why == "not YAML" or why == "no configuration.specchaos block"):
         return None
     f = ExperimentFile.from_parent(parent, path=file_path)
-    f.doc = doc
+    f.doc, f.why = doc, why
     return f
 
 
-def _read_doc(path: Path) -> dict[str, Any] | None:
-    """The parsed document when it is an experiment (has ``configuration.specchaos``), else None."""
+def _in_run_dir(path: Path) -> bool:
+    return any((path.parent / name).exists() for name in ("report.json", "run.json"))
+
+
+def _read_doc(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the parsed document, "") when it is a specchaos experiment (has
+    ``configuration.specchaos``), else (None, why): "not YAML" (unreadable or unparsable),
+    "no configuration.specchaos block" (a Chaos Toolkit experiment without it: it has a
+    ``method`` or ``steady-state-hypothesis``), or :data:`NOT_AN_EXPERIMENT` (any other file)."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    if isinstance(doc, dict) and isinstance(doc.get("configuration"), dict) \
-            and "specchaos" in doc["configuration"]:
-        return doc
-    return None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return None, "not YAML" if not isinstance(exc, OSError) else "not readable"
+    if not isinstance(doc, dict):
+        return None, NOT_AN_EXPERIMENT
+    if isinstance(doc.get("configuration"), dict) and "specchaos" in doc["configuration"]:
+        return doc, ""
+    if "method" in doc or "steady-state-hypothesis" in doc:
+        return None, "no configuration.specchaos block"
+    return None, NOT_AN_EXPERIMENT
 
 
 # ---------------------------------------------------------------------- items
@@ -265,15 +292,18 @@ class ExperimentFile(pytest.File):
     """One experiment file; yields one :class:`ExperimentItem`."""
 
     doc: dict[str, Any] | None = None
+    why: str = NOT_AN_EXPERIMENT
 
     def collect(self):
         if self.doc is None:
-            raise SpecchaosError("not a specchaos experiment: no configuration.specchaos block (or not YAML)",
-                                 where=str(self.path))
+            raise SpecchaosError(f"not a specchaos experiment: {self.why}", where=str(self.path))
         title = str(self.doc.get("title") or self.path.stem)
         item = ExperimentItem.from_parent(self, name=title)
         for m in markers_of(self.doc.get("tags")):
             item.add_marker(m)
+        if SELFTEST_TAG in (self.doc.get("tags") or []):   # must fail: a pass is an error of the harness
+            item.add_marker(pytest.mark.xfail(strict=True, raises=ExperimentFailed,
+                                              reason="a self-test experiment: its verdict must be fail"))
         yield item
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:

@@ -9,7 +9,7 @@ import pytest
 
 from harness.pytest_plugin import (MARKERS, failure_message, gate_exit_code, markers_of, outcome_of,
                                    verdict_table)
-from tests.ci.helpers import SHORT, pytest_plugin
+from tests.ci.helpers import ROOT, SHORT, pytest_plugin
 
 
 @pytest.mark.parametrize("verdict, outcome", [
@@ -149,3 +149,31 @@ def test_sigterm_stops_the_shared_stack_and_leaves_no_run_state(tmp_path):
     rows = json.loads((tmp_path / "out" / "verdicts.json").read_text())["experiments"]
     assert rows[0]["verdict"] == "error" and any("SIGTERM" in e for e in rows[0]["errors"]), rows
     assert os.path.exists(tmp_path / "out" / "01-fast-gate" / "report.json")
+
+
+def test_a_broken_experiment_under_a_named_directory_is_a_collection_error(tmp_path):
+    """A gate experiment with a YAML error or a misspelled ``configuration.specchaos`` must not
+    drop silently out of the gate; other YAML files, ``.json`` files found by walking and the
+    copies in a run directory are not collected."""
+    d = tmp_path / "exps"
+    (d / "run-01").mkdir(parents=True)
+    good = (ROOT / "experiments" / "kill-draft-worker.yaml").read_text()
+    (d / "good.yaml").write_text(good)
+    (d / "other.yaml").write_text("a: 1\n")                      # not an experiment: ignored
+    (d / "found.json").write_text('{"configuration": {"specchaos": {}}}')   # .json only when named
+    (d / "run-01" / "copy.yaml").write_text(good)                 # a run directory's copy
+    (d / "run-01" / "report.json").write_text("{}")
+    ok = pytest_plugin("--collect-only", "-q", str(d))
+    assert ok.returncode == 0, ok.stdout
+    assert [i.split("::")[0].rsplit("/", 1)[-1] for i in _collected(ok)] == ["good.yaml"], ok.stdout
+    (d / "broken.yaml").write_text(good.replace("method:", "method: [", 1))
+    (d / "typo.yaml").write_text(good.replace("  specchaos:", "  specchaos_:", 1))
+    bad = pytest_plugin("--collect-only", "-q", str(d))
+    assert bad.returncode == 2, bad.stdout
+    assert "broken.yaml: not a specchaos experiment: not YAML" in bad.stdout
+    assert "typo.yaml: not a specchaos experiment: no configuration.specchaos block" in bad.stdout
+
+
+def test_walking_the_project_root_collects_no_experiment():
+    items = _collected(pytest_plugin("--collect-only", "-q", ".", "--ignore=tests", "--ignore=bench"))
+    assert not [i for i in items if ".yaml" in i or ".json" in i], items
