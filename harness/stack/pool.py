@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import httpx
 
 from harness.clock import now
+from harness.net import is_loopback_host
 from harness.state import RunState
 from harness.stack.launchers import make_stack
 from harness.timeline import Timeline
@@ -128,6 +129,13 @@ class StackPool:
                 log.info("not reusing the stack %s: %s; starting a fresh one", p.stack_dir.name, why)
                 timeline.emit("stack", "stack_replaced", key=key[:12], reason=why, stack_dir=str(p.stack_dir))
                 self._stop(p)
+            for p in [p for p in self._pooled if p.key != key and not p.busy]:
+                # one idle stack at most: another configuration's servers would skew this run's
+                # measurements (memory, CPU) and may not fit beside it (GPU memory)
+                log.info("stopping the idle stack %s before starting another configuration", p.stack_dir.name)
+                timeline.emit("stack", "stack_replaced", key=key[:12], stack_dir=str(p.stack_dir),
+                              reason="an idle stack of another configuration is stopped first")
+                self._stop(p)
             stack_dir = self.base_dir / f"stack-{key[:12]}-{self.starts + 1}"
             stack_dir.mkdir(parents=True, exist_ok=True)
             stack = make_stack(cfg, stack_dir, timeline=timeline)
@@ -150,9 +158,10 @@ class StackPool:
             _copy_log_slices(p, Path(run_dir) / "logs")
             p.busy, p.clean = False, clean
             _rebind(stack, p.idle_timeline)
-            if not clean or self._closed:
-                log.info("stopping the stack %s: %s", p.stack_dir.name,
-                         "the pool is closed" if clean else "its run did not end clean")
+            why = ("its run did not end clean" if not clean else "the pool is closed" if self._closed
+                   else _unfit_state(p.stack))
+            if why is not None:   # never kept idle when it cannot be reused
+                log.info("stopping the stack %s: %s", p.stack_dir.name, why)
                 self._stop(p)
                 return
             _sync_state(p)
@@ -183,22 +192,35 @@ class StackPool:
         """Why ``p`` must not be reused, or None."""
         if not p.clean:
             return "its last run did not end clean"
+        why = _unfit_state(p.stack)
+        if why is not None:
+            return why
         for name, server in p.stack.servers.items():
-            if getattr(server, "incarnation", 0) != 0:
-                return f"server {name} restarted (incarnation {server.incarnation})"
-            is_up = getattr(server, "is_up", None)
-            if is_up is not None and not is_up():
-                return f"server {name} is {getattr(server, 'state', 'down')}"
             problem = _probe(server)
             if problem:
                 return f"server {name}: {problem}"
         return None
 
 
+def _unfit_state(stack: Any) -> str | None:
+    """Why ``stack`` cannot be reused from its servers' state alone (a restart, a server not
+    up), or None; no request is sent."""
+    for name, server in stack.servers.items():
+        if getattr(server, "incarnation", 0) != 0:
+            return f"server {name} restarted (incarnation {server.incarnation})"
+        is_up = getattr(server, "is_up", None)
+        if is_up is not None and not is_up():
+            return f"server {name} is {getattr(server, 'state', 'down')}"
+    return None
+
+
 def _probe(server: Any) -> str | None:
     """None when ``server`` answers /health 200 and a 1-token greedy completion; else why not."""
     try:
-        with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+        host = httpx.URL(server.base_url).host
+        if not is_loopback_host(host):   # the pool probes only what it started, on loopback
+            return f"not a loopback server: {server.base_url}"
+        with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client:
             r = client.get(f"{server.base_url}/health")
             if r.status_code != 200:
                 return f"/health answered {r.status_code}"

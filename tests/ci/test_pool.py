@@ -100,10 +100,22 @@ def test_same_stack_block_starts_once_and_each_run_gets_its_log_slice(pool, tmp_
     assert a.stopped
 
 
-def test_another_stack_block_gets_its_own_stack(pool, tmp_path):
+def test_another_stack_block_gets_its_own_stack_and_the_idle_one_is_stopped_first(pool, tmp_path):
     a, _ = run(pool, tmp_path, "a", cfg())
-    b, _ = run(pool, tmp_path, "b", cfg(num_speculative_tokens=2))
-    assert a is not b and pool.starts == 2 and not a.stopped
+    b, dir_b = run(pool, tmp_path, "b", cfg(num_speculative_tokens=2))
+    assert a is not b and pool.starts == 2
+    assert a.stopped and not b.stopped   # one idle stack at most: no other configuration's servers beside a run
+    replaced = [e for e in read_timeline(dir_b / "timeline.jsonl") if e["event"] == "stack_replaced"]
+    assert replaced and "another configuration" in replaced[0]["reason"]
+
+
+def test_a_stack_whose_server_restarted_during_the_run_is_stopped_at_release(pool, tmp_path):
+    run_dir = tmp_path / "a"
+    run_dir.mkdir()
+    a = pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl"))
+    a.servers["spec"].incarnation = 1   # the supervisor restarted it (a kill experiment)
+    pool.release(a, run_dir, clean=True)
+    assert a.stopped   # never kept idle when it cannot be reused
 
 
 def test_key_names_one_models_directory_however_written(tmp_path, monkeypatch):
