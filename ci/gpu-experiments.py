@@ -41,10 +41,20 @@ def gpu_stack(stack: dict, env: dict) -> dict:
     method = env.get("SPECCHAOS_GPU_METHOD") or ("draft_model" if draft else "ngram")
     out = {k: v for k, v in stack.items() if k not in ("kv_cache_gib", "draft", "prompt_lookup_min",
                                                        "prompt_lookup_max")}
+    k = env.get("SPECCHAOS_GPU_K") or "4"
+    if not k.isdigit() or int(k) < 1:
+        fail(f"$SPECCHAOS_GPU_K must be a whole number >= 1 (num_speculative_tokens), not {k!r}")
+    util = env.get("SPECCHAOS_GPU_MEMORY_UTILIZATION") or "0.4"
+    try:
+        ok = 0 < float(util) <= 1
+    except ValueError:
+        ok = False
+    if not ok:
+        fail(f"$SPECCHAOS_GPU_MEMORY_UTILIZATION must be a fraction in (0, 1], not {util!r}")
     out.update(models_dir=env["SPECCHAOS_GPU_MODELS_DIR"], target=env["SPECCHAOS_GPU_TARGET"], method=method,
-               num_speculative_tokens=int(env.get("SPECCHAOS_GPU_K") or 4),
+               num_speculative_tokens=int(k),
                dtype=env.get("SPECCHAOS_GPU_DTYPE") or "bfloat16", enforce_eager=False,
-               extra_args=["--gpu-memory-utilization", env.get("SPECCHAOS_GPU_MEMORY_UTILIZATION") or "0.4"])
+               extra_args=["--gpu-memory-utilization", util])
     if draft and method != "ngram":
         out["draft"] = draft
     return out
@@ -69,7 +79,10 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = 0
     for f in files:
-        doc = yaml.safe_load(f.read_text(encoding="utf-8"))
+        try:
+            doc = yaml.safe_load(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            fail(f"{f}: not a readable YAML experiment ({type(exc).__name__}: {str(exc).splitlines()[0]})")
         spec = ((doc or {}).get("configuration") or {}).get("specchaos") if isinstance(doc, dict) else None
         if not isinstance(spec, dict):
             continue

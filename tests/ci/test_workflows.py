@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,7 +19,6 @@ from tests.ci.helpers import ROOT
 WORKFLOWS = ROOT / ".github" / "workflows"
 NIGHTLY, GPU = WORKFLOWS / "chaos-nightly.yml", WORKFLOWS / "chaos-gpu.yml"
 #: Scripts another branch of the same issue adds (Allure HTML): the check waits for them.
-PENDING = {"ci/allure-report.sh": "ci/allure-report.sh comes with the Allure report work (issue 9)"}
 
 
 def load(path):
@@ -102,8 +102,6 @@ def _local_commands() -> list[tuple[str, list[str]]]:
 def test_every_local_command_exists(workflow, words):
     head = words[0]
     if head.startswith("ci/"):
-        if head in PENDING and not (ROOT / head).exists():
-            pytest.xfail(PENDING[head])
         assert (ROOT / head).is_file() and os.access(ROOT / head, os.X_OK), f"{workflow}: {head} missing or not executable"
     elif head == "make":
         targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
@@ -133,3 +131,29 @@ def test_the_gpu_copies_point_the_stack_at_the_real_models(tmp_path):
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
     assert "SPECCHAOS_GPU_TARGET is not set" in missing.stderr
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"SPECCHAOS_GPU_K": "abc"}, "$SPECCHAOS_GPU_K must be a whole number"),
+    ({"SPECCHAOS_GPU_MEMORY_UTILIZATION": "x"}, "$SPECCHAOS_GPU_MEMORY_UTILIZATION must be a fraction"),
+    ({"SPECCHAOS_GPU_MEMORY_UTILIZATION": "1.5"}, "$SPECCHAOS_GPU_MEMORY_UTILIZATION must be a fraction"),
+    ({"BAD_FILE": "1"}, "not a readable YAML experiment"),
+])
+def test_bad_gpu_settings_are_one_line_exit_2(tmp_path, extra, needle):
+    env = dict(os.environ, SPECCHAOS_GPU_MODELS_DIR="/models", SPECCHAOS_GPU_TARGET="/models/t", **extra)
+    src = "experiments/kill-draft-worker.yaml"
+    if "BAD_FILE" in extra:
+        src = str(tmp_path / "bad.yaml")
+        Path(src).write_text("method: [\n")
+    proc = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(tmp_path / "out"), src], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert needle in proc.stderr
+
+
+def test_the_cpu_and_gpu_workflows_keep_separate_allure_histories():
+    def keys(doc):
+        return {str(v) for s in steps(doc) for k, v in (s.get("with") or {}).items() if k in ("key", "restore-keys")}
+    cpu, gpu = keys(load(NIGHTLY)), keys(load(GPU))
+    assert cpu and gpu
+    assert all(k.startswith("allure-history-cpu-") for k in cpu) and all(k.startswith("allure-history-gpu-") for k in gpu)
