@@ -24,6 +24,12 @@ if ! ls "$RESULTS"/*-result.json >/dev/null 2>&1; then
   exit 2
 fi
 
+# allure generate --clean empties REPORT_DIR first: refuse a directory that is not a report
+if [ -d "$REPORT" ] && [ -n "$(ls -A "$REPORT" 2>/dev/null)" ] && [ ! -f "$REPORT/index.html" ]; then
+  echo "allure-report: error: $REPORT exists and is no Allure report (no index.html): it would be emptied; name a new or a report directory" >&2
+  exit 2
+fi
+
 GIVEN="${ALLURE_CLI:-${ALLURE:-}}"
 find_allure() {
   if [ -n "$GIVEN" ]; then

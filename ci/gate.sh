@@ -48,10 +48,11 @@ if [ "$html" = 1 ]; then
   if [ -z "$allure" ]; then
     if command -v allure >/dev/null 2>&1; then allure="$(command -v allure)"
     elif [ -x node_modules/.bin/allure ]; then allure="$ROOT/node_modules/.bin/allure"
+    elif [ -x .cache/allure/node_modules/.bin/allure ]; then allure="$ROOT/.cache/allure/node_modules/.bin/allure"
     fi
   fi
   if [ -z "$allure" ] || ! { [ -x "$allure" ] || command -v "$allure" >/dev/null 2>&1; }; then
-    die "--html needs the Allure command line, not found (${ALLURE_CLI:+ALLURE_CLI=$ALLURE_CLI, }allure on PATH, node_modules/.bin/allure): npm install allure-commandline, or set ALLURE_CLI"
+    die "--html needs the Allure command line, not found (${ALLURE_CLI:+ALLURE_CLI=$ALLURE_CLI, }allure on PATH, node_modules/.bin/allure, .cache/allure): npm install allure-commandline, or set ALLURE_CLI"
   fi
   export ALLURE_CLI="$allure"
 fi
@@ -59,7 +60,9 @@ fi
 OUT="${SPECCHAOS_GATE_OUT:-results/gate-$(date +%s)}"
 ALLURE_RESULTS="${SPECCHAOS_GATE_ALLURE:-results/allure-results}"
 mkdir -p "$ALLURE_RESULTS" || die "cannot create the Allure results directory $ALLURE_RESULTS"
-find "$ALLURE_RESULTS" -maxdepth 1 -type f -delete   # this gate's results only (Allure's are flat files)
+# this gate's results only: Allure's own flat files, nothing else in that directory
+find "$ALLURE_RESULTS" -maxdepth 1 -type f \( -name '*-result.json' -o -name '*-container.json' \
+  -o -name '*-attachment*' -o -name 'environment.properties' -o -name 'categories.json' \) -delete
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's harness, whatever the venv was installed from
 export PYTHONUNBUFFERED=1
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import yaml
 from faults.ledger import Ledger
 from harness.stack.vllm import vllm_distribution
 from harness.timeline import read_timeline
-from tests.ci.helpers import SHORT, gate, stderr_lines
+from tests.ci.helpers import ROOT, SHORT, env, gate, stderr_lines
 
 #: A hand-written chaos test with the plugin's fixtures, run beside the experiments.
 EXAMPLE = Path(__file__).parent / "examples" / "chaos_fixtures.py"
@@ -45,6 +46,28 @@ def test_html_without_the_allure_command_line(tmp_path):
     lines = stderr_lines(proc)
     assert len(lines) == 1 and lines[0].startswith("gate: --html needs the Allure command line, not found"), lines
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gate_removes_only_allure_files_from_its_results_directory(tmp_path):
+    results = tmp_path / "allure"
+    results.mkdir()
+    for name in ("old-result.json", "old-container.json", "old-attachment.png", "environment.properties"):
+        (results / name).write_text("{}")
+    (results / "notes.txt").write_text("mine")
+    gate("experiments/freeze-engine.yaml", timeout=120, SPECCHAOS_GATE_OUT=str(tmp_path / "out"),
+         SPECCHAOS_GATE_ALLURE=str(results))   # no gate experiment: exit 2, after the clean-up
+    assert sorted(p.name for p in results.iterdir()) == ["notes.txt"]
+
+
+def test_the_report_script_refuses_to_empty_a_directory_that_is_no_report(tmp_path):
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "x-result.json").write_text("{}")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("mine")
+    proc = subprocess.run([str(ROOT / "ci" / "allure-report.sh"), str(tmp_path / "res"), str(tmp_path / "mine")],
+                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(stderr_lines(proc)) == 1 and "no Allure report" in proc.stderr
+    assert (tmp_path / "mine" / "keep.txt").exists()
 
 
 def test_an_unknown_option():
