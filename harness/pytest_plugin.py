@@ -109,6 +109,8 @@ class _PluginState:
     pool: StackPool | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     items: int = 0
+    test_errors: int = 0   # hand-written tests whose setup/teardown failed
+    test_judged: int = 0   # hand-written tests that ran to a pass or a failure
 
     def get_pool(self) -> StackPool:
         if self.pool is None:
@@ -331,11 +333,14 @@ class ExperimentItem(pytest.Item):
         row = {"experiment": self.name, "file": str(self.path), "run_dir": str(self.run_dir),
                "verdict": "error", "failing": [], "duration_s": 0.0}
         st.rows.append(row)
+        bad_input = None
         try:
             _code, self.report = runner.run(self.path, self.run_dir)
         except SpecchaosError as exc:   # bad input: nothing started
-            row.update(duration_s=time.monotonic() - t0, errors=[exc.one_line()])
-            pytest.fail(exc.one_line(), pytrace=False)
+            bad_input = exc.one_line()
+        if bad_input is not None:   # failed outside the except block: one line, no chained traceback
+            row.update(duration_s=time.monotonic() - t0, errors=[bad_input])
+            pytest.fail(bad_input, pytrace=False)
         report = self.report or {}
         row.update(verdict=report.get("verdict"), failing=[c.get("name") for c in failing_checks(report)],
                    duration_s=time.monotonic() - t0, errors=list(report.get("errors") or []))
@@ -376,16 +381,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _gate_status(session: pytest.Session, st: _PluginState, exitstatus: int) -> int:
     """Gate mode's exit status: :func:`gate_exit_code` over the experiments; a hand-written
-    gate test that failed makes it at least 1; pytest's own errors (interrupted, usage,
-    collection) are 2; nothing selected is 2 with one line on stderr."""
+    gate test that failed makes it at least 1, one whose setup or teardown failed makes it 2;
+    pytest's own errors (interrupted, usage, collection) are 2; nothing selected, or only
+    skipped tests, is 2 with one line on stderr."""
     if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
         return 2
     if not st.rows and not session.items:   # -m gate deselected everything (or nothing was collected)
         print(f"gate: no gate-tagged experiment selected among {' '.join(map(str, session.config.args))} "
               f"(add `gate` to an experiment's tags)", file=sys.stderr)
         return 2
+    if st.test_errors:   # a hand-written gate test could not be set up or torn down: an error, not a finding
+        return 2
+    if not st.rows and st.test_judged == 0:   # every selected gate test was skipped: nothing was judged
+        print("gate: every selected gate test was skipped; nothing was judged", file=sys.stderr)
+        return 2
     code = gate_exit_code([r["verdict"] for r in st.rows]) if st.rows else 0
     return max(code, 1) if exitstatus == pytest.ExitCode.TESTS_FAILED else code
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Counts, for gate mode, hand-written tests (not experiment items) that ran to a pass or
+    a failure, and those whose setup or teardown failed (errors)."""
+    report = yield
+    st = item.config.stash.get(_STATE, None)
+    if st is not None and not isinstance(item, ExperimentItem):
+        if report.when in ("setup", "teardown") and report.failed:
+            st.test_errors += 1
+        elif report.when == "call" and not report.skipped:
+            st.test_judged += 1
+    return report
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -70,6 +70,21 @@ def test_the_report_script_refuses_to_empty_a_directory_that_is_no_report(tmp_pa
     assert (tmp_path / "mine" / "keep.txt").exists()
 
 
+@pytest.mark.parametrize("body, code", [
+    ("@pytest.fixture\ndef stack():\n    raise RuntimeError('no stack')\n\n"
+     "@pytest.mark.gate\ndef test_x(stack):\n    pass\n", 2),                     # setup error: an error
+    ("@pytest.mark.gate\ndef test_x():\n    pytest.skip('not here')\n", 2),    # all skipped: nothing judged
+    ("@pytest.mark.gate\ndef test_x():\n    assert False\n", 1),               # a finding
+    ("@pytest.mark.gate\ndef test_x():\n    pass\n", 0),
+])
+def test_hand_written_gate_tests_map_onto_the_gate_codes(tmp_path, body, code):
+    test = tmp_path / "test_handwritten.py"
+    test.write_text("import pytest\n\n" + body)
+    proc = gate(str(test), timeout=120, SPECCHAOS_GATE_OUT=str(tmp_path / "out"),
+                SPECCHAOS_GATE_ALLURE=str(tmp_path / "allure"))
+    assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_an_unknown_option():
     proc = gate("--fast", timeout=60)
     assert proc.returncode == 2 and stderr_lines(proc) == [
