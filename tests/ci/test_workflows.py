@@ -18,7 +18,6 @@ from tests.ci.helpers import ROOT
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 NIGHTLY, GPU = WORKFLOWS / "chaos-nightly.yml", WORKFLOWS / "chaos-gpu.yml"
-#: Scripts another branch of the same issue adds (Allure HTML): the check waits for them.
 
 
 def load(path):
@@ -65,8 +64,10 @@ def test_nightly_runs_on_a_cron_on_a_cpu_runner_and_keeps_allure_history():
     assert any(u.startswith("actions/cache/save@") for u in uses)
     assert any(u.startswith("actions/upload-artifact@") for u in uses)
     words = [w for c in commands(doc) for w in c]
-    assert "ci/gate.sh" in words and "ci/allure-report.sh" in words
+    assert "ci/gate.sh" in words and "ci/allure-report.sh" in words and "ci/check_report.py" in words
     assert ["make", "setup-test", "models"] in commands(doc)
+    # the whole chaos suite runs, not only the gate, and the property suite with its nightly profile
+    assert "chaos and not gate" in words and "tests/property" in words and "HYPOTHESIS_PROFILE=nightly" in words
 
 
 def test_gpu_variant_runs_on_a_self_hosted_gpu_runner_with_real_models():
@@ -100,8 +101,16 @@ def _local_commands() -> list[tuple[str, list[str]]]:
 
 @pytest.mark.parametrize("workflow, words", _local_commands(), ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_every_local_command_exists(workflow, words):
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):   # VAR=value prefixes
+        words = words[1:]
     head = words[0]
-    if head.startswith("ci/"):
+    if head == ".venv/bin/python":   # a script of this repo, or pytest over paths of this repo
+        if words[1:3] == ["-m", "pytest"]:
+            paths = [w for w in words[3:] if not w.startswith(("-", "results/")) and "/" in w]   # results/: outputs
+            assert paths and all((ROOT / p).exists() for p in paths), f"{workflow}: a missing path in {words}"
+        else:
+            assert (ROOT / words[1]).is_file(), f"{workflow}: {words[1]} missing"
+    elif head.startswith("ci/"):
         assert (ROOT / head).is_file() and os.access(ROOT / head, os.X_OK), f"{workflow}: {head} missing or not executable"
     elif head == "make":
         targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
@@ -112,7 +121,7 @@ def test_every_local_command_exists(workflow, words):
                               text=True, timeout=120)
         assert proc.returncode == 0, f"{workflow}: `specchaos {sub}` is no subcommand: {proc.stderr[-500:]}"
     else:   # shell built-ins and tools the runner brings
-        assert head in {"set", "echo", "mkdir", "cp", "rm", "if", "then", "fi", "exit", "npm"}, \
+        assert head in {"set", "echo", "mkdir", "cp", "rm", "if", "then", "fi", "exit", "npm", "sudo", "["}, \
             f"{workflow}: a command this test does not know: {words}"
 
 
