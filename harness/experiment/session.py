@@ -46,10 +46,10 @@ from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
 from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
 from harness.metrics.scraper import METRICS_FILE, MetricsScraper
-from harness.report.judge import judge_run
-from harness.report.timeline_plot import PLOT_FILE
 from harness.report.allure import publish_allure
 from harness.report.json_report import write_report
+from harness.report.judge import judge_run
+from harness.report.timeline_plot import PLOT_FILE
 from harness.stack.breaker import SpeculationBreaker
 from harness.stack.launchers import make_stack
 from harness.stack.pool import StackProvider
