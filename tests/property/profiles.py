@@ -26,10 +26,14 @@ _SUPPRESS = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data
 
 def register() -> None:
     """Register ``ci`` and ``nightly`` (idempotent)."""
-    settings.register_profile("ci", max_examples=EXAMPLES["ci"], deadline=None, derandomize=True,
+    # parent "default": under CI=true hypothesis loads its own built-in "ci" profile (derandomized),
+    # which would otherwise be the parent of a profile registered without one
+    default = settings.get_profile("default")
+    settings.register_profile("ci", parent=default, max_examples=EXAMPLES["ci"], deadline=None, derandomize=True,
                               database=None, print_blob=True, suppress_health_check=_SUPPRESS,
                               stateful_step_count=STATEFUL_STEPS["ci"])
-    settings.register_profile("nightly", max_examples=EXAMPLES["nightly"], deadline=None, print_blob=True,
+    settings.register_profile("nightly", parent=default, max_examples=EXAMPLES["nightly"], deadline=None,
+                              derandomize=False, print_blob=True,
                               suppress_health_check=_SUPPRESS, stateful_step_count=STATEFUL_STEPS["nightly"])
 
 
