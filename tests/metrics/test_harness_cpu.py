@@ -141,7 +141,9 @@ def test_meter_walks_the_hosts_processes_only_every_few_samples(monkeypatch):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         meter = CpuMeter(proc.pid, interval_s=0.05).start()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 15   # a busy host (CI) takes longer than 20 samples a second
+        while meter._samples < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
         meter.stop()
     finally:
         proc.kill()
