@@ -3,13 +3,22 @@ the gate's exit code, the table) and its collection (in a subprocess, nothing st
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
 from harness.pytest_plugin import (MARKERS, failure_message, gate_exit_code, markers_of, outcome_of,
                                    verdict_table)
-from tests.ci.helpers import ROOT, SHORT, pytest_plugin
+from tests.ci.helpers import PLUGIN, ROOT, SHORT, env, pytest_plugin
+from tests.experiment.fast_e2e import fast_experiment
+from tests.procs import wait_for
 
 
 @pytest.mark.parametrize("verdict, outcome", [
@@ -106,18 +115,6 @@ def test_sigterm_stops_the_shared_stack_and_leaves_no_run_state(tmp_path):
     """A gate run with the fake launcher (fast path: the harness's supervisor around the fake
     vLLM) gets SIGTERM once its pooled stack is up: the pytest session ends, every process of
     the pooled stack is gone, and no run state file is left for ``specchaos cleanup``."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    from tests.ci.helpers import PLUGIN, ROOT, env
-    from tests.experiment.fast_e2e import fast_experiment
-
     exp = fast_experiment(tmp_path, "fast-gate")
     state = tmp_path / "state"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *PLUGIN, "-q", "--specchaos-gate",
@@ -125,18 +122,19 @@ def test_sigterm_stops_the_shared_stack_and_leaves_no_run_state(tmp_path):
                             env=env(SPECCHAOS_STATE_DIR=str(state), SPECCHAOS_LAUNCHERS="fake=tests.fakes.stack:FakeStack"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids: list[int] = []
+
+    def pooled_stack_registered() -> bool:
+        for f in (state / "runs").glob("*.json") if (state / "runs").exists() else []:
+            try:
+                data = json.loads(f.read_text())
+            except ValueError:
+                continue
+            if "/stacks/stack-" in data["out_dir"]:
+                pids[:] = [p["pid"] for p in data["processes"]]
+        return bool(pids)
+
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not pids:
-            for f in (state / "runs").glob("*.json") if (state / "runs").exists() else []:
-                try:
-                    data = json.loads(f.read_text())
-                except ValueError:
-                    continue
-                if "/stacks/stack-" in data["out_dir"]:
-                    pids = [p["pid"] for p in data["processes"]]
-            time.sleep(0.2)
-        assert pids, "the pooled stack never registered its processes"
+        wait_for(pooled_stack_registered, 90, "the pooled stack to register its processes")
         time.sleep(2)   # into the run
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
