@@ -136,7 +136,9 @@ def test_ngram_agrees_with_the_servers_counters_per_decode_step(extra_server):
     print(f"ngram ITL: per chunk p10/p50 {per_chunk['p10'] * 1e3:.3f}/{per_chunk['p50'] * 1e3:.3f} ms, per token "
           f"p10/p50 {p_tok['p10'] * 1e3:.3f}/{p_tok['p50'] * 1e3:.3f} ms, mean {sum(per_token) / len(per_token) * 1e3:.3f} "
           f"ms; TPOT p50 {tpot * 1e3:.3f} ms")
-    assert p_tok["p50"] > 0.001 and p_tok["p10"] > 0.0002
+    # relative to TPOT, not an absolute time: a faster host measured per token p50 0.78 ms
+    # beside TPOT 1.47 ms; the per-chunk defect this guards against reads ~0.0 ms
+    assert p_tok["p50"] > 0.3 * tpot and p_tok["p10"] > 0.1 * tpot
     # its mean is the decode time after the first arrival per token after it (the docstring's
     # identity); not TPOT's ÷ (output tokens − 1): on a loaded host more tokens arrive
     # together with the first one (measured 2.20 ms per token vs 1.88 ms TPOT in one CI run)

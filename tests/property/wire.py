@@ -155,8 +155,9 @@ def send(client: httpx.Client, base_url: str, body: dict[str, Any], *, timeout_s
             payload = _json(data)
             index = c.events
             c.events += 1
-            if _error(payload):
-                c.error = error_message(payload)
+            message = error_message(payload)
+            if message:
+                c.error = message
                 continue
             if payload.get("usage") is not None:
                 c.usage_events.append(index)
