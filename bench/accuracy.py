@@ -47,6 +47,7 @@ ratios), ``cpu`` and the settings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -68,7 +69,7 @@ from harness.load.client import make_client, stream_completion  # noqa: E402
 from harness.load.config import LoadConfig  # noqa: E402
 from harness.load.locust_process import LocustProcess  # noqa: E402
 from harness.load.prompts import build_prompt_set, save_prompt_set  # noqa: E402
-from harness.load.records import is_complete, read_records  # noqa: E402
+from harness.load.records import RequestRecord, is_complete, read_records  # noqa: E402
 from harness.metrics import latency  # noqa: E402
 from harness.metrics.harness_cpu import process_tree_cpu_s  # noqa: E402
 from harness.metrics.prometheus import sample_total  # noqa: E402
@@ -117,17 +118,34 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
 
-def harness_values(records_path: Path) -> dict[str, list[float]]:
-    """Per-request TTFT, TPOT, E2E and pooled per-chunk ITL (seconds) of the complete load
-    records, with the harness's definitions (:mod:`harness.metrics.latency`)."""
-    done = [r for r in read_records(records_path) if r.source == "load" and is_complete(r)[0]]
+def read_view(r: RequestRecord) -> RequestRecord:
+    """``r`` timed by its read stamps (``load.read_stamps``: when the client had parsed
+    each chunk) instead of the kernel's arrival stamps."""
+    offs = r.read_offsets_s or []
+    return dataclasses.replace(r, chunk_offsets_s=list(offs), ttft_s=offs[0] if offs else None, e2e_s=r.e2e_read_s)
+
+
+def metric_values(done: list[RequestRecord]) -> dict[str, list[float]]:
+    """Per-request TTFT, TPOT, E2E and pooled per-chunk ITL (seconds) of complete records,
+    with the harness's definitions (:mod:`harness.metrics.latency`)."""
     return {
         "ttft": [v for r in done if (v := latency.ttft_s(r)) is not None],
         "tpot": [v for r in done if (v := latency.tpot_s(r)) is not None],
         "itl": [g for r in done for g in latency.itl_s(r)],
         "e2e": [v for r in done if (v := latency.e2e_s(r)) is not None],
-        "n": [float(len(done))],
     }
+
+
+def harness_values(records_path: Path) -> dict[str, list[float]]:
+    """:func:`metric_values` of the complete load records as the harness reports them
+    (arrival stamps), and the same from their read stamps under ``read_<metric>``."""
+    done = [r for r in read_records(records_path) if r.source == "load" and is_complete(r)[0]]
+    values = metric_values(done)
+    values.update({f"read_{k}": v for k, v in metric_values([read_view(r) for r in done]).items()})
+    # how long after its arrival the client had parsed a chunk (the load process's own delay)
+    values["read_delay"] = [rd - a for r in done for rd, a in zip(r.read_offsets_s or [], r.chunk_offsets_s)]
+    values["n"] = [float(len(done))]
+    return values
 
 
 def bench_values(result: dict) -> dict[str, list[float]]:
@@ -202,7 +220,7 @@ class Runs:
             d.mkdir(parents=True)
             a = self.a
             cfg = LoadConfig(users=a.users, spawn_rate=100, seed=a.seed + self.n, max_tokens=a.max_tokens,
-                             ignore_eos=True, request_timeout_s=120, max_requests=a.requests)
+                             ignore_eos=True, request_timeout_s=120, max_requests=a.requests, read_stamps=True)
             load = LocustProcess(self.url, prompts_path=self.work / "prompts.json", records_path=d / "records.jsonl",
                                  model=self.model, cfg=cfg, run_time_s=3600, log_path=d / "locust.log",
                                  stop_timeout_s=120)
@@ -254,24 +272,35 @@ def warm_up(url: str, model: str, prompts: list, users: int) -> None:
 
 
 def summarize(runs: list[tuple[str, dict]], args: argparse.Namespace) -> dict[str, Any]:
-    pooled = {side: {k: [v for s, r in runs if s == side for v in r["values"][k]] for k in METRICS}
-              for side in ("harness", "bench")}
+    keys = {"harness": METRICS + tuple(f"read_{k}" for k in METRICS) + ("read_delay",), "bench": METRICS}
+    pooled = {side: {k: [v for s, r in runs if s == side for v in r["values"][k]] for k in keys[side]}
+              for side in keys}
     result: dict[str, Any] = {}
     for k in METRICS:
         result[f"{k}_ratio"] = ratio(median_ms(pooled["harness"][k]), median_ms(pooled["bench"][k]))
+    # the harness's same records timed where vllm bench serve stamps (user space, after the parse)
+    result["read_stamp_ratios"] = {k: ratio(median_ms(pooled["harness"][f"read_{k}"]), median_ms(pooled["bench"][k]))
+                                   for k in METRICS}
+    delay = pooled["harness"]["read_delay"]
+    result["read_delay_ms"] = ({"p50": median_ms(delay), "p90": round(float(np.percentile(delay, 90)) * 1000, 3),
+                                "max": round(max(delay) * 1000, 3)} if delay else None)
     pairs = []
     for i in range(0, len(runs) - 1, 2):
         side = {s: r for s, r in runs[i:i + 2]}
         h, b = side["harness"], side["bench"]
         row: dict[str, Any] = {"order": [s for s, _ in runs[i:i + 2]]}
         for k in METRICS:
-            hm, bm = median_ms(h["values"][k]), median_ms(b["values"][k])
-            row[k] = {"harness_ms": hm, "bench_ms": bm, "ratio": ratio(hm, bm)}
+            hm, bm, rm = median_ms(h["values"][k]), median_ms(b["values"][k]), median_ms(h["values"][f"read_{k}"])
+            row[k] = {"harness_ms": hm, "bench_ms": bm, "ratio": ratio(hm, bm), "harness_read_ms": rm,
+                      "read_ratio": ratio(rm, bm)}
         pairs.append(row)
     result["pairs"] = pairs
     result["spread"] = {k: [min(r), max(r)] if (r := [p[k]["ratio"] for p in pairs if p[k]["ratio"]]) else None
                         for k in METRICS}
+    result["read_spread"] = {k: [min(r), max(r)] if (r := [p[k]["read_ratio"] for p in pairs if p[k]["read_ratio"]])
+                             else None for k in METRICS}
     result["medians_ms"] = {side: {k: median_ms(pooled[side][k]) for k in METRICS} for side in pooled}
+    result["medians_ms"]["harness_read"] = {k: median_ms(pooled["harness"][f"read_{k}"]) for k in METRICS}
     result["requests"] = {side: sum(r["requests"] for s, r in runs if s == side) for side in pooled}
     server: dict[str, Any] = {"runs": [{"side": s, **r["server"]} for s, r in runs]}
     for k in SERVER_HISTOGRAMS:
@@ -336,8 +365,10 @@ def main() -> int:
             order = ("harness", "bench") if i % 2 == 0 else ("bench", "harness")
             for side in order:
                 r = runs_.harness() if side == "harness" else runs_.bench()
+                read = ("; read stamps: " + ", ".join(f"{k} {median_ms(r['values']['read_' + k])} ms" for k in METRICS)
+                        if side == "harness" else "")
                 print(f"pair {i + 1} {side}: " + ", ".join(f"{k} {median_ms(r['values'][k])} ms" for k in METRICS)
-                      + f"; server {r['server']}", flush=True)
+                      + read + f"; server {r['server']}", flush=True)
                 runs.append((side, r))
         result = summarize(runs, args)
         result["work_dir"] = str(work)

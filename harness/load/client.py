@@ -226,6 +226,7 @@ def stream_completion(
     sampling: SamplingClass | None = None,
     attempt: int = 1,
     logical_id: str = "",
+    read_stamps: bool = False,
 ) -> RequestRecord:
     """Send one streaming completion and record the whole exchange.
 
@@ -250,6 +251,8 @@ def stream_completion(
             record's ``sampling``.
         attempt, logical_id: the record's try number (1-based) and the id shared by every
             try of one logical request under the retry policy (``load.retry``).
+        read_stamps: also record the user-space instant each chunk was parsed (the
+            record's ``read_offsets_s`` and ``e2e_read_s``; ``load.read_stamps``).
 
     Returns:
         The record (see :class:`~harness.load.records.RequestRecord` for every field).
@@ -282,12 +285,15 @@ def stream_completion(
         return time.perf_counter() - t0
 
     stream: Any = None   # the connection's network stream, once the response head came
+    if read_stamps:
+        rec.read_offsets_s = []
 
-    def arrival() -> float:
-        """Offset (s) of the latest read's data arrival (module doc, "Timing")."""
+    def arrival() -> tuple[float, float]:
+        """Offsets (s) of the latest read's data arrival (module doc, "Timing") and of
+        this moment, when the client has parsed it."""
         t = since()
         rx = last_rx_s(stream)
-        return t if rx is None else min(t, max(0.0, rx - rec.send_time))
+        return (t if rx is None else min(t, max(0.0, rx - rec.send_time))), t
 
     def fail(error: str, detail: Any) -> None:
         if rec.error is None:
@@ -339,21 +345,23 @@ def stream_completion(
     return rec
 
 
-def _read_stream(response: httpx.Response, rec: RequestRecord, arrival: Callable[[], float],
+def _read_stream(response: httpx.Response, rec: RequestRecord, arrival: Callable[[], tuple[float, float]],
                  fail: Callable[[str, Any], None], guard: _Deadline) -> None:
     """Consume the SSE stream of a 200 response into ``rec`` (see :func:`stream_completion`);
-    ``arrival()`` is the offset of the event just parsed (module doc, "Timing").
+    ``arrival()`` is the (arrival, parsed) offsets of the event just parsed (module doc, "Timing").
     Exceptions from the transport propagate; what arrived before them stays in ``rec``."""
     texts: list[str] = []
     events = EventSource(response).iter_sse()
     try:
         for event in events:
-            t = arrival()
+            t, read = arrival()
             data = event.data.strip()
             if data == "[DONE]":
                 rec.done = True
                 if rec.error is None:
                     rec.e2e_s = t
+                    if rec.read_offsets_s is not None:
+                        rec.e2e_read_s = read
                 break
             if guard.remaining() <= 0:
                 fail("timeout", "no end of exchange within the request timeout")
@@ -374,7 +382,7 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, arrival: Callable
             if rec.error is not None:
                 continue
             try:
-                _take_chunk(payload, t, rec, texts)
+                _take_chunk(payload, t, rec, texts, read)
             except (AttributeError, TypeError, ValueError) as exc:
                 fail("bad_payload", f"{type(exc).__name__}: {exc}: {data[:200]}")
                 break
@@ -407,8 +415,9 @@ def _drain(events: Iterator[Any], guard: _Deadline) -> None:
         log.debug("body not read to its end after [DONE]: %s", exc)
 
 
-def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str]) -> None:
-    """Fold one completion chunk (``choices[0]`` and ``usage``) arriving at offset ``t`` into ``rec``."""
+def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], read: float = 0.0) -> None:
+    """Fold one completion chunk (``choices[0]`` and ``usage``) arriving at offset ``t``
+    (parsed at offset ``read``, kept when the record has ``read_offsets_s``) into ``rec``."""
     usage = payload.get("usage")
     if isinstance(usage, dict):
         if usage.get("completion_tokens") is not None:
@@ -437,6 +446,8 @@ def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str]) -
         if n:
             rec.chunk_offsets_s.append(t)
             rec.chunk_tokens.append(n)
+            if rec.read_offsets_s is not None:
+                rec.read_offsets_s.append(read)
             if rec.ttft_s is None:
                 rec.ttft_s = t
         if choice.get("finish_reason") is not None:

@@ -265,6 +265,11 @@ class LoadConfig(BaseModel):
     long_prompts: int | None = Field(None, ge=0)
     max_tokens: int = Field(32, ge=1)
     ignore_eos: bool = False
+    #: Also record when the client parsed each chunk (user space, as ``vllm bench serve``
+    #: stamps), beside the kernel arrival stamps: records' ``read_offsets_s`` and
+    #: ``e2e_read_s``. A diagnostic (``bench/accuracy.py`` compares both stamps); metrics
+    #: and checks always use the arrival stamps.
+    read_stamps: bool = False
     request_timeout_s: float = Field(30.0, gt=0)
     max_requests: int = Field(20000, ge=1)
     think_time_s: float = Field(0.0, ge=0)

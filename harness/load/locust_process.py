@@ -196,6 +196,7 @@ class LocustProcess:
             "SPECCHAOS_ERROR_BACKOFF_S": repr(float(c.error_backoff_s)),
             "SPECCHAOS_SEED": str(c.seed),
             "SPECCHAOS_IGNORE_EOS": "1" if c.ignore_eos else "0",
+            "SPECCHAOS_READ_STAMPS": "1" if c.read_stamps else "0",
             "SPECCHAOS_SAMPLING": json.dumps([s.model_dump() for s in c.sampling]),
             "SPECCHAOS_MIRROR_HOST": self.mirror_url or "",
             "SPECCHAOS_MIRROR_MODEL": self.mirror_model or "",

@@ -57,6 +57,8 @@ Configuration (environment variables, all set by ``LocustProcess``):
   think time is used; closed loop only).
 * ``SPECCHAOS_SEED``: seed of the per-user prompt orders (default 1234).
 * ``SPECCHAOS_IGNORE_EOS``: ``1``/``true`` to ask for ``ignore_eos`` (default off).
+* ``SPECCHAOS_READ_STAMPS``: ``1``/``true`` to record user-space read instants too
+  (``load.read_stamps``; default off).
 * ``SPECCHAOS_SAMPLING``: the sampling classes as a JSON list of
   :class:`harness.load.config.SamplingClass` (default: greedy only).
 * ``SPECCHAOS_MIRROR_HOST``: the reference server's root URL for mirror mode (default:
@@ -121,6 +123,7 @@ class Settings:
     error_backoff_s: float
     seed: int
     ignore_eos: bool
+    read_stamps: bool
     sampling: tuple[SamplingClass, ...] = (GREEDY,)
     mirror_host: str | None = None
     mirror_model: str | None = None
@@ -198,6 +201,7 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         error_backoff_s=num("SPECCHAOS_ERROR_BACKOFF_S", 0.25),
         seed=num("SPECCHAOS_SEED", 1234, int),
         ignore_eos=env.get("SPECCHAOS_IGNORE_EOS", "").strip().lower() in ("1", "true", "yes", "on"),
+        read_stamps=env.get("SPECCHAOS_READ_STAMPS", "").strip().lower() in ("1", "true", "yes", "on"),
         sampling=_sampling(env.get("SPECCHAOS_SAMPLING")),
         mirror_host=env.get("SPECCHAOS_MIRROR_HOST") or None,
         mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
@@ -280,7 +284,7 @@ def send_logical(environment, client, target: tuple[str, str, str], prompt: Prom
             client, url, model, prompt,
             timeout_s=SETTINGS.request_timeout_s, source="load", user_id=user_id,
             ignore_eos=SETTINGS.ignore_eos, on_interrupt=lambda r: record(environment, r), server=server,
-            sampling=sampling, attempt=attempt, logical_id=logical_id,
+            sampling=sampling, attempt=attempt, logical_id=logical_id, read_stamps=SETTINGS.read_stamps,
         )
         record(environment, rec)
         if rec.ok:

@@ -64,6 +64,13 @@ class RequestRecord:
         logical_id: shared by every try of one logical request (a user-visible request);
             empty for records written before retries existed (then ``request_id`` stands
             for it, see :meth:`logical`).
+        read_offsets_s: only with ``load.read_stamps`` (else None): for each output chunk,
+            the moment the client had parsed it (user space, :func:`time.perf_counter`
+            seconds after the send), where ``chunk_offsets_s`` holds the kernel's arrival
+            stamp. It is where ``vllm bench serve`` stamps its chunks; the difference is the
+            load process's own delay (a wait for a core, gevent's turn, parsing).
+        e2e_read_s: only with ``load.read_stamps``: the same user-space instant for
+            ``data: [DONE]`` (None otherwise, or when the stream did not end with it).
     """
 
     request_id: str
@@ -91,6 +98,8 @@ class RequestRecord:
     sampling: str = "greedy"
     attempt: int = 1
     logical_id: str = ""
+    read_offsets_s: list[float] | None = None
+    e2e_read_s: float | None = None
 
     @property
     def logical(self) -> str:

@@ -55,16 +55,35 @@ def test_both_sides_compute_the_same_metrics_for_the_same_stream(tmp_path):
     assert h["n"] == b["n"] == [1.0]                                                   # failures left out
 
 
+def test_the_harness_side_is_also_timed_by_its_read_stamps(tmp_path):
+    # the same stream parsed 5 ms after each arrival and [DONE] parsed 1 ms after the last
+    rec = record(0.1, [0.02, 0.03, 0.05], [4, 4, 4, 4])
+    rec.read_offsets_s = [o + 0.005 for o in rec.chunk_offsets_s]
+    rec.read_offsets_s[-1] += 0.010                       # the last chunk waited for a core
+    rec.e2e_read_s = rec.read_offsets_s[-1] + 0.001
+    write_records(tmp_path / "r.jsonl", [rec])
+    h = accuracy.harness_values(tmp_path / "r.jsonl")
+    assert h["ttft"] == pytest.approx([0.1]) and h["read_ttft"] == pytest.approx([0.105])
+    assert h["read_e2e"] == pytest.approx([0.215])
+    assert h["read_itl"] == pytest.approx([0.02, 0.03, 0.06])
+    assert h["read_tpot"] == pytest.approx([0.11 / 15])
+    assert h["read_delay"] == pytest.approx([0.005, 0.005, 0.005, 0.015])
+
+
 def test_summary_ratios_spread_and_server_means():
-    def run(scale: float, server_ttft: float) -> dict:
-        return {"values": {"ttft": [0.1 * scale, 0.3 * scale], "tpot": [0.01 * scale], "itl": [0.02 * scale],
-                           "e2e": [1.0 * scale], "n": [2.0]},
+    def run(scale: float, server_ttft: float, read_scale: float | None = None) -> dict:
+        values = {"ttft": [0.1 * scale, 0.3 * scale], "tpot": [0.01 * scale], "itl": [0.02 * scale],
+                  "e2e": [1.0 * scale], "n": [2.0]}
+        if read_scale is not None:   # the harness side: its read stamps too
+            values.update({f"read_{k}": [v * read_scale for v in values[k]] for k in accuracy.METRICS})
+            values["read_delay"] = [0.001, 0.003]
+        return {"values": values,
                 "requests": 2, "client_cpu_s": 0.5, "wall_s": 3.0, "server_cpu_ms_per_request": 100.0,
                 "server": {**{f"{k}_mean_ms": 10.0 for k in accuracy.SERVER_HISTOGRAMS},
                            **{f"{k}_count": 2 for k in accuracy.SERVER_HISTOGRAMS}, "ttft_mean_ms": server_ttft}}
 
-    runs = [("harness", run(1.1, 22.0)), ("bench", run(1.0, 20.0)), ("bench", run(1.0, 20.0)),
-            ("harness", run(0.9, 18.0))]
+    runs = [("harness", run(1.1, 22.0, 1.1)), ("bench", run(1.0, 20.0)), ("bench", run(1.0, 20.0)),
+            ("harness", run(0.9, 18.0, 1.1))]
     args = type("A", (), {"pairs": 2, "users": 2, "requests": 2, "max_tokens": 8, "prompts": 4})()
     s = accuracy.summarize(runs, args)
     assert s["ttft_ratio"] == 0.95          # pooled medians: 190 ms (0.09, 0.11, 0.27, 0.33) vs 200 ms
@@ -73,6 +92,11 @@ def test_summary_ratios_spread_and_server_means():
     assert s["pairs"][1]["order"] == ["bench", "harness"]
     assert s["server"]["ttft_mean_ms"] == {"harness": 20.0, "bench": 20.0} and s["server"]["ttft_ratio"] == 1.0
     assert s["cpu"]["client_cpu_ms_per_request"] == {"harness": 250.0, "bench": 250.0}
+    # the read stamps (10 % later here) give their own ratios beside the arrival stamps'
+    assert s["read_stamp_ratios"]["ttft"] == pytest.approx(1.045)     # 209 ms vs 200 ms
+    assert [p["ttft"]["read_ratio"] for p in s["pairs"]] == [1.21, 0.99]
+    assert s["read_spread"]["e2e"] == [0.99, 1.21]
+    assert s["read_delay_ms"]["p50"] == 2.0 and s["read_delay_ms"]["max"] == 3.0
 
 
 def test_server_means_over_one_run():

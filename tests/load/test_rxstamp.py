@@ -78,6 +78,23 @@ def test_stamps_are_arrival_not_parse_time(sse_server, monkeypatch):
         assert r.e2e_s >= r.chunk_offsets_s[-1]
 
 
+def test_read_stamps_keep_the_parse_instants_beside_the_arrivals(sse_server, monkeypatch):
+    """``read_stamps``: the same busy client also records when it parsed each chunk (where
+    ``vllm bench serve`` stamps): those show the backlog the arrival stamps leave out."""
+    with make_client(2) as c:
+        plain = stream_completion(c, sse_server, "m", PROMPT, timeout_s=10)
+        time.sleep(0.05)
+        busy_take_chunk(monkeypatch)
+        rec = stream_completion(c, sse_server, "m", PROMPT, timeout_s=10, read_stamps=True)
+    assert plain.read_offsets_s is None and plain.e2e_read_s is None
+    assert rec.ok and len(rec.read_offsets_s) == len(rec.chunk_offsets_s) == 4
+    behind = [(r - a) * 1000.0 for r, a in zip(rec.read_offsets_s, rec.chunk_offsets_s)]
+    assert all(b >= 0 for b in behind), behind      # an arrival is never after its parse
+    assert behind[-1] > 2 * BUSY_S * 1000.0 * 0.9, behind   # 3 chunks of 40 ms backlog
+    assert rec.e2e_read_s >= rec.read_offsets_s[-1] and rec.e2e_read_s >= rec.e2e_s
+    assert max(lateness_ms(rec)) < 30.0
+
+
 def test_without_stamps_the_backlog_shows(sse_server, monkeypatch):
     """The same busy client on a plain httpx.Client (parse-time stamps): chunks read late."""
     busy_take_chunk(monkeypatch)
