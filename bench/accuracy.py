@@ -37,10 +37,20 @@ under the shared lock (it starts a vLLM server)::
 
     flock /tmp/specchaos-vllm.lock .venv/bin/python bench/accuracy.py [--pairs 4] [--users 2] [--requests 48]
 
+The two clients stamp a chunk at different instants: the harness at its arrival (the
+kernel's receive stamp, :mod:`harness.load.rxstamp`), ``vllm bench serve`` when aiohttp has
+handed it to Python. The harness's runs also record the user-space instant its client
+parsed each chunk (``load.read_stamps``), so the same records are measured both ways: the
+difference is the load client's own delay (a wait for a core on a busy host, the event
+loop's turn, parsing), which the harness's reported figures leave out and the bench's
+include.
+
 Its last line is a JSON object: ``ttft_ratio``, ``tpot_ratio``, ``itl_ratio``, ``e2e_ratio``
 (harness median ÷ bench median, each side's values pooled over its runs; target 0.95–1.05),
-``pairs`` (per pair: both sides' medians in ms and the ratios), ``spread`` (min/max of the
-per-pair ratios), ``server`` (server-side histogram means per run and their harness ÷ bench
+``read_stamp_ratios`` (the same from the harness's read stamps: like for like with the
+bench's stamping point), ``read_delay_ms`` (p50/p90/max of read − arrival per chunk),
+``pairs`` (per pair: both sides' medians in ms and the ratios, read stamps' too), ``spread``
+and ``read_spread`` (min/max of the per-pair ratios), ``server`` (server-side histogram means per run and their harness ÷ bench
 ratios), ``cpu`` and the settings.
 """
 

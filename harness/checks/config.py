@@ -89,9 +89,16 @@ class FailFastConfig(_Strict):
 
 class IntegrityConfig(_Strict):
     """Integrity against the reference: at least ``min_compared`` complete responses must
-    be compared token for token (fewer fails the ``integrity.compared`` check)."""
+    be compared token for token (fewer fails the ``integrity.compared`` check).
+
+    ``tie_logprob_margin`` (natural log): a response whose first differing token was the
+    reference's runner-up there, at most this far below the reference's own token in the
+    reference server's logprobs, is a **near-tie** (numerics such as batch composition or
+    a prefix-cache hit flipped a greedy choice), counted apart and not a mismatch; 0 makes
+    every difference a mismatch. The output after that token is not compared."""
 
     min_compared: int = Field(20, ge=0)
+    tie_logprob_margin: float = Field(0.01, ge=0)
 
 
 class LivenessConfig(_Strict):

@@ -5,7 +5,13 @@ Three defects are judged here, from request records alone:
 * **mismatched** — a complete greedy response that differs from the non-speculative
   reference for the same prompt (speculative decoding must not change greedy output).
   Only requests of a greedy sampling class (temperature 0, ``load.sampling``) are
-  compared; sampled ones are counted as ``not_comparable``, never as mismatches;
+  compared; sampled ones are counted as ``not_comparable``, never as mismatches. A
+  difference whose first token was a **near-tie** at the reference (the response's token
+  was the reference server's runner-up there, within ``integrity.tie_logprob_margin``
+  nats of its choice) is counted as ``near_ties`` instead: greedy decoding is exact only
+  up to floating-point numerics, which batch composition and prefix-cache hits change
+  (vLLM does not promise batch-invariant outputs); vLLM's own tests compare outputs the
+  same way (a divergence is accepted when each token is in the other's top logprobs);
 * **malformed** — a response the server presented as finished (HTTP 200, no error,
   ``[DONE]`` seen) that is internally inconsistent (no finish_reason, chunk token total
   ≠ ``usage.completion_tokens``, token ids ≠ usage, a broken length limit);
@@ -27,6 +33,7 @@ __all__ = [
     "section",
     "divergence_index",
     "first_divergence",
+    "near_tie",
     "integrity_checks",
 ]
 
@@ -85,9 +92,32 @@ def _aligned(got: RequestRecord, ref: RequestRecord) -> tuple[RequestRecord, Req
     return (got, cut) if short is got else (cut, ref)
 
 
+def near_tie(got: RequestRecord, ref: RequestRecord, margin: float) -> str | None:
+    """Whether ``got``'s first difference from ``ref`` is a near-tie, in words; else None.
+
+    Both need token ids and ``ref`` its ``top_logprobs`` at that position; the response's
+    token must be listed there and at most ``margin`` nats below the reference's own
+    token. A response that ends early or runs on (a length difference) is never a tie.
+    """
+    if margin <= 0 or got.token_ids is None or ref.token_ids is None or not ref.top_logprobs:
+        return None
+    i = divergence_index(got.token_ids, ref.token_ids)
+    if i is None or i >= len(got.token_ids) or i >= len(ref.token_ids) or i >= len(ref.top_logprobs):
+        return None
+    ranked = {int(t): float(lp) for t, lp in ref.top_logprobs[i]}
+    mine, theirs = ref.token_ids[i], got.token_ids[i]
+    if mine not in ranked or theirs not in ranked:
+        return None
+    gap = ranked[mine] - ranked[theirs]
+    if gap > margin:
+        return None
+    return (f"token {i}: got {theirs}, expected {mine}; the reference's logprobs there {ranked[mine]:.5f} vs "
+            f"{ranked[theirs]:.5f} (margin {gap:.5f} ≤ {margin:g} nats)")
+
+
 def integrity_checks(
     records: Iterable[RequestRecord], reference: dict[int, RequestRecord], min_compared: int,
-    greedy: Iterable[str] | None = None,
+    greedy: Iterable[str] | None = None, tie_margin: float = 0.0,
 ) -> tuple[list[CheckResult], dict]:
     """Judge sequence integrity of load records against the non-speculative reference.
 
@@ -100,12 +130,16 @@ def integrity_checks(
         greedy: names of the greedy sampling classes (default ``{"greedy"}``); a complete
             record of any other class is counted ``not_comparable`` (sampled output is
             not deterministic), still judged for malformation and false success.
+        tie_margin: ``integrity.tie_logprob_margin`` (nats); a difference that is a
+            :func:`near_tie` within it is counted ``near_ties``, not mismatched. The
+            default 0 excuses nothing.
 
     Returns:
         ``(checks, summary)``: checks ``integrity.mismatched == 0``,
         ``integrity.malformed == 0``, ``integrity.false_success == 0``,
         ``integrity.compared ≥ min_compared``; summary ``{"compared", "mismatched",
-        "malformed", "false_success", "not_comparable", "first_divergence", "examples"}`` where
+        "near_ties", "malformed", "false_success", "not_comparable", "first_divergence",
+        "examples"}`` where
         ``first_divergence`` is the first mismatch in words (or None) and ``examples``
         holds up to 5 request ids with reasons per defect.
     """
@@ -118,9 +152,9 @@ def integrity_checks(
             log.warning("reference for prompt %s is not complete (%s); not compared", pid, why)
 
     greedy_names = {"greedy"} if greedy is None else set(greedy)
-    compared = mismatched = malformed = false_success = not_comparable = 0
+    compared = mismatched = malformed = false_success = not_comparable = near_ties = 0
     first: str | None = None
-    examples: dict[str, list[dict]] = {"mismatched": [], "malformed": [], "false_success": []}
+    examples: dict[str, list[dict]] = {"mismatched": [], "near_ties": [], "malformed": [], "false_success": []}
 
     def note(kind: str, r: RequestRecord, why: str) -> None:
         if len(examples[kind]) < _EXAMPLES:
@@ -143,8 +177,12 @@ def integrity_checks(
         if ref is None:
             continue
         compared += 1
-        diff = first_divergence(*_aligned(r, ref))
-        if diff is not None:
+        got, expected = _aligned(r, ref)
+        diff = first_divergence(got, expected)
+        if diff is not None and (tie := near_tie(got, expected, tie_margin)) is not None:
+            near_ties += 1
+            note("near_ties", r, tie)
+        elif diff is not None:
             mismatched += 1
             note("mismatched", r, diff)
             if first is None:
@@ -155,6 +193,8 @@ def integrity_checks(
         detail = f"{n} {what}" + (f"; first: {ex[0]['request_id']}: {ex[0]['detail']}" if ex else "")
         if name == "mismatched" and first:
             detail = f"{n} {what}; first: {first}"
+        if name == "mismatched" and near_ties:
+            detail += (f"; {near_ties} near-tie(s) not counted (first: {examples['near_ties'][0]['detail']})")
         return CheckResult(f"integrity.{name}", "integrity", n == 0, n, 0, detail)
 
     checks = [
@@ -173,6 +213,7 @@ def integrity_checks(
     summary = {
         "compared": compared,
         "mismatched": mismatched,
+        "near_ties": near_ties,
         "malformed": malformed,
         "false_success": false_success,
         "not_comparable": not_comparable,
@@ -186,8 +227,9 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
     if "integrity" not in run.memo:
         load = getattr(run.limits, "load", None)   # the sampling classes, when the limits carry them
         greedy = load.greedy_classes() if load is not None else None
-        run.memo["integrity"] = integrity_checks(run.records, run.reference, run.limits.integrity.min_compared,
-                                                 greedy=greedy)
+        cfg = run.limits.integrity
+        run.memo["integrity"] = integrity_checks(run.records, run.reference, cfg.min_compared, greedy=greedy,
+                                                 tie_margin=cfg.tie_logprob_margin)
     return run.memo["integrity"]
 
 

@@ -61,14 +61,16 @@ DRAIN_LIMIT_S = 1.0
 
 
 def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
-                    sampling: SamplingClass | None = None) -> dict[str, Any]:
+                    sampling: SamplingClass | None = None, top_logprobs: int = 0) -> dict[str, Any]:
     """The JSON body of a streaming completion for ``prompt``.
 
     Sampling from ``sampling`` (default :data:`~harness.load.config.GREEDY`: ``temperature``
     0, so outputs are comparable with a reference; a sampled class adds its
     ``temperature`` and ``top_p``), ``stream_options.include_usage`` (final usage chunk:
     ``completion_tokens`` as in vLLM's serving benchmark) and ``return_token_ids`` (vLLM
-    extension: per-chunk ``token_ids``).
+    extension: per-chunk ``token_ids``). With ``top_logprobs`` > 0, the OpenAI ``logprobs``
+    field asks for that many most likely tokens per position, named by id (vLLM's
+    ``return_tokens_as_token_ids``: keys ``"token_id:<id>"``).
     """
     body: dict[str, Any] = {
         "model": model,
@@ -81,6 +83,8 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
         "ignore_eos": ignore_eos,
     }
     body.update((sampling or GREEDY).body())
+    if top_logprobs > 0:
+        body.update(logprobs=top_logprobs, return_tokens_as_token_ids=True)
     return body
 
 
@@ -227,6 +231,7 @@ def stream_completion(
     attempt: int = 1,
     logical_id: str = "",
     read_stamps: bool = False,
+    top_logprobs: int = 0,
 ) -> RequestRecord:
     """Send one streaming completion and record the whole exchange.
 
@@ -253,6 +258,8 @@ def stream_completion(
             try of one logical request under the retry policy (``load.retry``).
         read_stamps: also record the user-space instant each chunk was parsed (the
             record's ``read_offsets_s`` and ``e2e_read_s``; ``load.read_stamps``).
+        top_logprobs: ask for that many most likely tokens per output position (the
+            record's ``top_logprobs``; 0: none asked, the field stays None).
 
     Returns:
         The record (see :class:`~harness.load.records.RequestRecord` for every field).
@@ -276,7 +283,7 @@ def stream_completion(
         attempt=attempt,
         logical_id=logical_id,
     )
-    body = completion_body(prompt, model, ignore_eos, sampling)
+    body = completion_body(prompt, model, ignore_eos, sampling, top_logprobs)
     rec.send_time = clock.now()
     t0 = time.perf_counter()
     guard = _Deadline(t0 + timeout_s)
@@ -443,6 +450,11 @@ def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], r
         else:
             n = 1 if text else 0
         texts.append(text)
+        top = (choice.get("logprobs") or {}).get("top_logprobs")
+        if top:
+            if rec.top_logprobs is None:
+                rec.top_logprobs = []
+            rec.top_logprobs.extend(_ranked(position) for position in top)
         if n:
             rec.chunk_offsets_s.append(t)
             rec.chunk_tokens.append(n)
@@ -452,6 +464,18 @@ def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], r
                 rec.ttft_s = t
         if choice.get("finish_reason") is not None:
             rec.finish_reason = str(choice["finish_reason"])
+
+
+def _ranked(position: dict | None) -> list[list[float]]:
+    """One position of the OpenAI ``top_logprobs`` (``{"token_id:<id>": logprob}``) as
+    ``[[id, logprob], ...]``, most likely first; keys that name no id are left out."""
+    out = []
+    for key, lp in (position or {}).items():
+        _, sep, tid = str(key).rpartition("token_id:")
+        if sep and tid.lstrip("-").isdigit() and lp is not None:
+            out.append([int(tid), float(lp)])
+    out.sort(key=lambda pair: -pair[1])
+    return out
 
 
 def fetch_reference(
@@ -465,9 +489,12 @@ def fetch_reference(
     retries: int = 3,
     retry_backoff_s: float = 0.5,
     server: str = "ref",
+    top_logprobs: int = 2,
 ) -> dict[int, RequestRecord]:
     """Fetch one complete greedy output per prompt (``source="reference"``, the records'
-    ``server`` as given: the reference server, ``"ref"``, by default).
+    ``server`` as given: the reference server, ``"ref"``, by default), with the
+    ``top_logprobs`` most likely tokens at each position (the records' ``top_logprobs``:
+    what the integrity check needs to recognise a near-tie; 0 asks for none).
 
     A prompt whose record is not ``ok`` is retried up to ``retries`` times (sleeping
     ``retry_backoff_s`` x attempt in between). At most ``concurrency`` requests in flight.
@@ -487,7 +514,8 @@ def fetch_reference(
             if attempt:
                 time.sleep(retry_backoff_s * attempt)
             rec = stream_completion(client, base_url, model, prompt, timeout_s=timeout_s,
-                                    source="reference", ignore_eos=ignore_eos, server=server)
+                                    source="reference", ignore_eos=ignore_eos, server=server,
+                                    top_logprobs=top_logprobs)
             if rec.ok:
                 return rec
             log.warning("reference prompt %d attempt %d failed: %s (%s)", prompt.prompt_id,

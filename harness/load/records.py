@@ -71,6 +71,12 @@ class RequestRecord:
             load process's own delay (a wait for a core, gevent's turn, parsing).
         e2e_read_s: only with ``load.read_stamps``: the same user-space instant for
             ``data: [DONE]`` (None otherwise, or when the stream did not end with it).
+        top_logprobs: reference records (the reference fetch asks the server for them):
+            for each output token, the server's most likely tokens at that position as
+            ``[[token_id, logprob], ...]``, best first (OpenAI completions ``logprobs``
+            with vLLM's ``return_tokens_as_token_ids``; natural log). The integrity check
+            uses them to tell a near-tie flipped by numerics from a changed output. None
+            for other records or a server that sent none.
     """
 
     request_id: str
@@ -100,6 +106,7 @@ class RequestRecord:
     logical_id: str = ""
     read_offsets_s: list[float] | None = None
     e2e_read_s: float | None = None
+    top_logprobs: list[list[list[float]]] | None = None
 
     @property
     def logical(self) -> str:

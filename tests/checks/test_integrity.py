@@ -223,3 +223,54 @@ def test_different_max_tokens_compares_prefix():
     wrong = make_record(prompt_id=0, token_ids=[0, 1, 5, 3])
     _, s = integrity_checks([wrong], {0: ref}, min_compared=1)
     assert s["mismatched"] == 1
+
+
+# ---------------------------------------------------------------- near-ties
+
+def tied_ref(top_at_2):
+    """The reference for prompt 0 (tokens 0, 1, 2, 3) with its top logprobs; position 2 as given."""
+    ref = ref_for(0)
+    ref.top_logprobs = [[[0, -0.1], [7, -3.0]], [[1, -0.2], [8, -2.5]], top_at_2, [[3, -0.1], [9, -4.0]]]
+    return ref
+
+
+FLIPPED = [0, 1, 99, 5]   # took the runner-up at token 2, then went its own way
+
+
+def test_a_runner_up_within_the_margin_is_a_near_tie_not_a_mismatch():
+    refs = {0: tied_ref([[2, -0.5001], [99, -0.5032]])}
+    flipped = make_record(prompt_id=0, token_ids=FLIPPED)
+    checks, s = integrity_checks([make_record(prompt_id=0), flipped], refs, min_compared=2, tie_margin=0.01)
+    c = by_name(checks)["integrity.mismatched"]
+    assert c.passed and c.observed == 0
+    assert s["near_ties"] == 1 and s["mismatched"] == 0 and s["compared"] == 2
+    (ex,) = s["examples"]["near_ties"]
+    assert ex["request_id"] == flipped.request_id and "token 2: got 99, expected 2" in ex["detail"]
+    assert "margin 0.00310" in ex["detail"] and "1 near-tie(s) not counted" in c.detail
+
+
+@pytest.mark.parametrize("top_at_2, margin, why", [
+    ([[2, -0.1], [99, -2.0]], 0.01, "the runner-up was 1.9 nats behind: a changed output"),
+    ([[2, -0.5], [98, -0.501]], 0.01, "the response's token is not among the reference's top tokens"),
+    ([[2, -0.5], [99, -0.501]], 0.0, "margin 0: every difference counts"),
+])
+def test_a_difference_that_is_no_near_tie_is_still_a_mismatch(top_at_2, margin, why):
+    refs = {0: tied_ref(top_at_2)}
+    checks, s = integrity_checks([make_record(prompt_id=0, token_ids=FLIPPED)], refs, min_compared=1,
+                                 tie_margin=margin)
+    c = by_name(checks)["integrity.mismatched"]
+    assert not c.passed and c.observed == 1 and s["near_ties"] == 0, why
+    assert "token 2: got 99, expected 2" in c.detail
+
+
+def test_a_length_difference_is_never_a_near_tie():
+    refs = {0: tied_ref([[2, -0.5], [99, -0.5]])}
+    short = make_record(prompt_id=0, token_ids=[0, 1, 2], chunk_tokens=[1, 1, 1], max_tokens=4, finish_reason="stop")
+    checks, s = integrity_checks([short], refs, min_compared=1, tie_margin=1.0)
+    assert not by_name(checks)["integrity.mismatched"].passed and s["near_ties"] == 0
+
+
+def test_without_reference_logprobs_a_difference_is_a_mismatch():
+    checks, s = integrity_checks([make_record(prompt_id=0, token_ids=FLIPPED)], {0: ref_for(0)}, min_compared=1,
+                                 tie_margin=1.0)
+    assert not by_name(checks)["integrity.mismatched"].passed and s["near_ties"] == 0

@@ -244,3 +244,14 @@ def test_any_split_of_the_byte_stream_gives_the_same_record(server, seed):
         r = stream_completion(c, server.base_url, f"split:{seed}", PROMPT, timeout_s=5)
     assert (r.ok, r.error, r.text, r.token_ids) == (True, None, "é ü 日本語 ✓", [1, 2, 3, 4, 5, 6, 7])
     assert r.chunk_tokens == [2, 4, 1] and r.output_tokens == 7 and r.finish_reason == "stop"
+
+
+def test_top_logprobs_are_asked_by_id_and_ranked():
+    from harness.load.client import _ranked, completion_body
+    body = completion_body(Prompt(prompt_id=0, prompt_class="short", text="hi", prompt_tokens=1, max_tokens=4),
+                           "m", top_logprobs=2)
+    assert body["logprobs"] == 2 and body["return_tokens_as_token_ids"] is True
+    plain = completion_body(Prompt(prompt_id=0, prompt_class="short", text="hi", prompt_tokens=1, max_tokens=4), "m")
+    assert "logprobs" not in plain and "return_tokens_as_token_ids" not in plain
+    assert _ranked({"token_id:7": -2.5, "token_id:12": -0.1, "hello": -1.0}) == [[12, -0.1], [7, -2.5]]
+    assert _ranked(None) == []
