@@ -49,6 +49,10 @@ Its last line is a JSON object: ``ttft_ratio``, ``tpot_ratio``, ``itl_ratio``, `
 (harness median ÷ bench median, each side's values pooled over its runs; target 0.95–1.05),
 ``read_stamp_ratios`` (the same from the harness's read stamps: like for like with the
 bench's stamping point), ``read_delay_ms`` (p50/p90/max of read − arrival per chunk),
+``server_normalized_ratios`` (each run's client median ÷ vLLM's own histogram mean of
+the same run, averaged per side, harness ÷ bench: the server's speed drifts from run to
+run on a shared host, by more than the clients differ, and this ratio takes the drift
+out),
 ``pairs`` (per pair: both sides' medians in ms and the ratios, read stamps' too), ``spread``
 and ``read_spread`` (min/max of the per-pair ratios), ``server`` (server-side histogram means per run and their harness ÷ bench
 ratios), ``cpu`` and the settings.
@@ -291,6 +295,16 @@ def summarize(runs: list[tuple[str, dict]], args: argparse.Namespace) -> dict[st
     # the harness's same records timed where vllm bench serve stamps (user space, after the parse)
     result["read_stamp_ratios"] = {k: ratio(median_ms(pooled["harness"][f"read_{k}"]), median_ms(pooled["bench"][k]))
                                    for k in METRICS}
+    # each run's client median ÷ the server's own histogram mean in that run: the server's
+    # speed drifts between runs on a shared host, and this takes that drift out
+    norm: dict[str, dict[str, float | None]] = {}
+    for side in keys:
+        norm[side] = {}
+        for k in METRICS:
+            per_run = [median_ms(r["values"][k]) / r["server"][k + "_mean_ms"] for s, r in runs
+                       if s == side and r["values"][k] and r["server"].get(k + "_mean_ms")]
+            norm[side][k] = float(np.mean(per_run)) if per_run else None
+    result["server_normalized_ratios"] = {k: ratio(norm["harness"][k], norm["bench"][k]) for k in METRICS}
     delay = pooled["harness"]["read_delay"]
     result["read_delay_ms"] = ({"p50": median_ms(delay), "p90": round(float(np.percentile(delay, 90)) * 1000, 3),
                                 "max": round(max(delay) * 1000, 3)} if delay else None)

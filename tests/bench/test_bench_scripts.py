@@ -97,6 +97,9 @@ def test_summary_ratios_spread_and_server_means():
     assert [p["ttft"]["read_ratio"] for p in s["pairs"]] == [1.21, 0.99]
     assert s["read_spread"]["e2e"] == [0.99, 1.21]
     assert s["read_delay_ms"]["p50"] == 2.0 and s["read_delay_ms"]["max"] == 3.0
+    # per run TTFT median ÷ server TTFT mean: harness 220/22 and 180/18 (10, 10), bench 200/20 (10):
+    # the server's own drift explains the harness's pair ratios of 1.1 and 0.9 entirely
+    assert s["server_normalized_ratios"]["ttft"] == 1.0
 
 
 def test_server_means_over_one_run():
