@@ -30,7 +30,8 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                       "phases": {phase: {"unavailable_s", "requests", "failed", "retried", "tries",
                       "failed_tries"}}}}} (harness.checks.availability),
      "requests": {"total", "ok", "failed", "client_ok" (tries), "logical", "logical_failed"},
-     "integrity": {"compared", "mismatched", "malformed", "false_success",
+     "integrity": {"compared", "mismatched", "near_ties" (a greedy flip at a near-tie of the
+                   reference's logprobs, not counted as mismatched), "malformed", "false_success",
                    "not_comparable" (sampled, not compared), "first_divergence", "examples"},
      "mirror": {"enabled", "groups": [...]} (speculative vs plain, :mod:`harness.checks.mirror`),
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",

@@ -28,7 +28,8 @@ REPORT = {
          "detail": "never recovered (slo not reached)"},
     ],
     "requests": {"total": 300, "ok": 250, "failed": 50},
-    "integrity": {"compared": 250, "mismatched": 0, "malformed": 0, "false_success": 0, "first_divergence": None},
+    "integrity": {"compared": 250, "mismatched": 0, "near_ties": 3, "malformed": 0, "false_success": 0,
+                  "first_divergence": None},
     "recovery": {"time_to_healthy_s": 21.34, "time_to_first_success_s": 22.0, "time_to_slo_s": None},
     "restarts": 1,
     "errors": [],
@@ -53,6 +54,7 @@ def test_summary_shows_verdict_phases_recovery_integrity_and_checks_failed_first
     assert "recovery" in text and "after" in text  # absent phases still listed
     assert "21.34 s" in text and "never" in text
     assert "compared" in text and "250" in text
+    assert [line for line in text.splitlines() if "near ties" in line and "3" in line]
     assert text.index("FAIL ") < text.index("PASS") and text.index("recovery.time_to_slo_s") < text.index(
         "slo.baseline.ttft_p95_s")
 
