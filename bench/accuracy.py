@@ -279,6 +279,19 @@ class Runs:
         return self._measure(run)
 
 
+def pin_cores() -> dict[str, set[int]] | None:
+    """CPU 0 for the measuring clients, the other allowed CPUs for the server, so neither
+    client's own CPU use slows the server it measures (on 2 cores, unpinned, the server ran
+    5 % slower under ``vllm bench serve``, which spends several times the harness's CPU per
+    request: README, "Benchmarks"). None where that is impossible (one CPU, not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    return {"client": {allowed[0]}, "server": set(allowed[1:])}
+
+
 def warm_up(url: str, model: str, prompts: list, users: int) -> None:
     with make_client(users) as c, ThreadPoolExecutor(users) as pool:
         list(pool.map(lambda p: stream_completion(c, url, model, p, timeout_s=120, ignore_eos=True),
@@ -361,6 +374,8 @@ def main() -> int:
     ap.add_argument("--run-limit-s", type=float, default=300.0, help="longest one run may take")
     ap.add_argument("--models", type=Path, default=ROOT / "models")
     ap.add_argument("--quick", action="store_true", help="one pair of 8 requests with 8 tokens (tests)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not split the cores between the clients (CPU 0) and the server (the others)")
     args = ap.parse_args()
     if args.quick:
         args.pairs, args.requests, args.max_tokens, args.prompts = 1, 8, 8, 4
@@ -369,12 +384,22 @@ def main() -> int:
             print(f"--{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
     build_models(args.models)
+    cores = pin_cores() if args.pin else None
+    if cores is not None:
+        # the server and its threads inherit the server cores; vLLM's CPU worker binds its
+        # OpenMP threads to the cores it is told (else "auto": every core)
+        os.sched_setaffinity(0, cores["server"])
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores["server"])))
     work = Path(tempfile.mkdtemp(prefix="accuracy-bench-"))
     stack = LocalStack(StackConfig(models_dir=str(args.models), reference=False), work,
                        timeline=Timeline(work / "timeline.jsonl"))
     try:
         stack.start()
         spec = stack.servers["spec"]
+        if cores is not None:
+            os.sched_setaffinity(0, cores["client"])   # each client process inherits this
+            pinned = {"server_cpus": sorted(cores["server"]), "client_cpus": sorted(cores["client"])}
+            print(f"pinned: {pinned}", flush=True)
         prompts = build_prompt_set(args.models / "target", seed=args.seed, short=args.prompts, medium=0, long=0,
                                    max_tokens=args.max_tokens)
         save_prompt_set(work / "prompts.json", prompts)
@@ -395,6 +420,7 @@ def main() -> int:
                       + read + f"; server {r['server']}", flush=True)
                 runs.append((side, r))
         result = summarize(runs, args)
+        result["settings"]["pinned"] = pinned if cores is not None else None
         result["work_dir"] = str(work)
         print(json.dumps(result))
         return 0
