@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,9 @@ def test_accuracy_quick():
         assert 0.2 < out[f"{k}_ratio"] < 5, (k, out)
     assert len(out["pairs"]) == 1 and out["requests"] == {"harness": 8, "bench": 8}
     assert out["server"]["ttft_mean_ms"]["harness"] > 0 and out["server"]["ttft_mean_ms"]["bench"] > 0
+    for k in ("ttft", "tpot", "itl", "e2e"):   # the same records by their read stamps; the drift taken out
+        assert 0.2 < out["read_stamp_ratios"][k] < 5 and 0.2 < out["server_normalized_ratios"][k] < 5, (k, out)
+    assert out["read_delay_ms"]["p50"] >= 0
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert out["settings"]["pinned"] == {"client_cpus": [min(os.sched_getaffinity(0))],
+                                             "server_cpus": sorted(os.sched_getaffinity(0))[1:]}
