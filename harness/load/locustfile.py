@@ -188,6 +188,9 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
             raise LoadError(f"{name}={raw!r} must be >= 0", where="harness/load/locustfile.py")
         return value
 
+    def flag(name: str) -> bool:
+        return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
     prompts = tuple(load_prompt_set(need("SPECCHAOS_PROMPTS")))
     if not prompts:
         raise LoadError("the prompt set is empty", where=need("SPECCHAOS_PROMPTS"))
@@ -200,8 +203,8 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         think_time_s=num("SPECCHAOS_THINK_TIME_S", 0.0),
         error_backoff_s=num("SPECCHAOS_ERROR_BACKOFF_S", 0.25),
         seed=num("SPECCHAOS_SEED", 1234, int),
-        ignore_eos=env.get("SPECCHAOS_IGNORE_EOS", "").strip().lower() in ("1", "true", "yes", "on"),
-        read_stamps=env.get("SPECCHAOS_READ_STAMPS", "").strip().lower() in ("1", "true", "yes", "on"),
+        ignore_eos=flag("SPECCHAOS_IGNORE_EOS"),
+        read_stamps=flag("SPECCHAOS_READ_STAMPS"),
         sampling=_sampling(env.get("SPECCHAOS_SAMPLING")),
         mirror_host=env.get("SPECCHAOS_MIRROR_HOST") or None,
         mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
