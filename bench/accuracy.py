@@ -385,6 +385,7 @@ def main() -> int:
             return 2
     build_models(args.models)
     cores = pin_cores() if args.pin else None
+    pinned = None if cores is None else {"server_cpus": sorted(cores["server"]), "client_cpus": sorted(cores["client"])}
     if cores is not None:
         # the server and its threads inherit the server cores; vLLM's CPU worker binds its
         # OpenMP threads to the cores it is told (else "auto": every core)
@@ -398,7 +399,6 @@ def main() -> int:
         spec = stack.servers["spec"]
         if cores is not None:
             os.sched_setaffinity(0, cores["client"])   # each client process inherits this
-            pinned = {"server_cpus": sorted(cores["server"]), "client_cpus": sorted(cores["client"])}
             print(f"pinned: {pinned}", flush=True)
         prompts = build_prompt_set(args.models / "target", seed=args.seed, short=args.prompts, medium=0, long=0,
                                    max_tokens=args.max_tokens)
@@ -420,7 +420,7 @@ def main() -> int:
                       + read + f"; server {r['server']}", flush=True)
                 runs.append((side, r))
         result = summarize(runs, args)
-        result["settings"]["pinned"] = pinned if cores is not None else None
+        result["settings"]["pinned"] = pinned
         result["work_dir"] = str(work)
         print(json.dumps(result))
         return 0
