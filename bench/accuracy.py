@@ -68,6 +68,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -150,10 +151,13 @@ def metric_values(done: list[RequestRecord]) -> dict[str, list[float]]:
     }
 
 
-def harness_values(records_path: Path) -> dict[str, list[float]]:
+def harness_values(records_path: Path, warmups: int = 0) -> dict[str, list[float]]:
     """:func:`metric_values` of the complete load records as the harness reports them
-    (arrival stamps), and the same from their read stamps under ``read_<metric>``."""
-    done = [r for r in read_records(records_path) if r.source == "load" and is_complete(r)[0]]
+    (arrival stamps), and the same from their read stamps under ``read_<metric>``. The
+    first ``warmups`` requests by send time are left out (``vllm bench serve
+    --num-warmups`` leaves its warm-up requests out the same way)."""
+    sent = sorted((r for r in read_records(records_path) if r.source == "load"), key=lambda r: r.send_time)
+    done = [r for r in sent[warmups:] if is_complete(r)[0]]
     values = metric_values(done)
     values.update({f"read_{k}": v for k, v in metric_values([read_view(r) for r in done]).items()})
     # how long after its arrival the client had parsed a chunk (the load process's own delay)
@@ -189,6 +193,32 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+class WarmupMark(threading.Thread):
+    """Scrapes ``url``/metrics every ``interval_s`` until vLLM has finished ``count``
+    requests (``vllm:e2e_request_latency_seconds_count``) and keeps that scrape
+    (:attr:`scrape`): the server's histograms from there on leave the warm-up requests out.
+    ``count`` <= the count at the start: :attr:`scrape` is the first scrape. Stops at
+    :meth:`stop` (then :attr:`scrape` stays None if the count was never reached)."""
+
+    def __init__(self, url: str, count: float, interval_s: float = 0.02):
+        super().__init__(daemon=True)
+        self.url, self.count, self.interval_s = url, count, interval_s
+        self.scrape: dict[str, float] | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            s = scrape(self.url)
+            if s["e2e_count"] >= self.count:
+                self.scrape = s
+                return
+            self._stop_event.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+
+
 def server_means(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """Mean of each server histogram over one run, ms, and its observation count."""
     out: dict[str, Any] = {}
@@ -216,14 +246,19 @@ class Runs:
     def _measure(self, run) -> dict[str, Any]:
         self.n += 1
         before, srv0, cli0, t0 = scrape(self.url), process_tree_cpu_s(self.server_pid), children_cpu_s(), time.monotonic()
-        values = run(self.work / f"run{self.n}")
+        mark = WarmupMark(self.url, before["e2e_count"] + self.a.warmups)
+        mark.start()
+        try:
+            values = run(self.work / f"run{self.n}")
+        finally:
+            mark.stop()
         wall = time.monotonic() - t0
         srv1, cli1, after = process_tree_cpu_s(self.server_pid), children_cpu_s(), scrape(self.url)
         n = int(values["n"][0])
         return {
             "values": values,
             "requests": n,
-            "server": server_means(before, after),
+            "server": server_means(mark.scrape or before, after),
             "client_cpu_s": round(cli1 - cli0, 3),
             "server_cpu_ms_per_request": round((srv1 - srv0) * 1000 / n, 2) if n and srv0 is not None and srv1 else None,
             "wall_s": round(wall, 2),
@@ -234,7 +269,8 @@ class Runs:
             d.mkdir(parents=True)
             a = self.a
             cfg = LoadConfig(users=a.users, spawn_rate=100, seed=a.seed + self.n, max_tokens=a.max_tokens,
-                             ignore_eos=True, request_timeout_s=120, max_requests=a.requests, read_stamps=True)
+                             ignore_eos=True, request_timeout_s=120, max_requests=a.requests + a.warmups,
+                             read_stamps=True)
             load = LocustProcess(self.url, prompts_path=self.work / "prompts.json", records_path=d / "records.jsonl",
                                  model=self.model, cfg=cfg, run_time_s=3600, log_path=d / "locust.log",
                                  stop_timeout_s=120)
@@ -243,7 +279,7 @@ class Runs:
             while load.is_running() and time.monotonic() < end:
                 time.sleep(0.2)
             load.stop(timeout_s=130)
-            return harness_values(d / "records.jsonl")
+            return harness_values(d / "records.jsonl", warmups=a.warmups)
         return self._measure(run)
 
     def bench(self) -> dict[str, Any]:
@@ -256,6 +292,7 @@ class Runs:
                    "--dataset-name", "custom", "--dataset-path", str(self.work / "dataset.jsonl"),
                    "--custom-output-len", str(a.max_tokens), "--skip-chat-template", "--disable-shuffle",
                    "--num-prompts", str(a.requests), "--max-concurrency", str(a.users),
+                   "--num-warmups", str(a.warmups),
                    "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
                    "--extra-body", json.dumps({"return_token_ids": True}),
                    "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -358,6 +395,7 @@ def summarize(runs: list[tuple[str, dict]], args: argparse.Namespace) -> dict[st
                                       for side in pooled},
     }
     result["settings"] = {"pairs": args.pairs, "users": args.users, "requests_per_run": args.requests,
+                          "warmups_per_run": args.warmups,
                           "max_tokens": args.max_tokens, "prompts": args.prompts, "ignore_eos": True,
                           "temperature": 0, "loadavg_1m": round(os.getloadavg()[0], 2)}
     return result
@@ -368,6 +406,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=4, help="harness/bench run pairs (default 4)")
     ap.add_argument("--users", type=int, default=2, help="concurrency of both clients (default 2)")
     ap.add_argument("--requests", type=int, default=48, help="requests per run (default 48)")
+    ap.add_argument("--warmups", type=int, default=16,
+                    help="warm-up requests at the start of every run, not measured (both clients; default 16)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=16, help="distinct prompts (one bucket, 16-60 tokens)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -378,11 +418,14 @@ def main() -> int:
                     help="do not split the cores between the clients (CPU 0) and the server (the others)")
     args = ap.parse_args()
     if args.quick:
-        args.pairs, args.requests, args.max_tokens, args.prompts = 1, 8, 8, 4
+        args.pairs, args.requests, args.max_tokens, args.prompts, args.warmups = 1, 8, 8, 4, 2
     for name in ("pairs", "users", "requests", "max_tokens", "prompts"):
         if getattr(args, name) < 1:
             print(f"--{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
+    if args.warmups < 0:
+        print("--warmups must be >= 0", file=sys.stderr)
+        return 2
     build_models(args.models)
     cores = pin_cores() if args.pin else None
     pinned = None if cores is None else {"server_cpus": sorted(cores["server"]), "client_cpus": sorted(cores["client"])}

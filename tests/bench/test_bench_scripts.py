@@ -56,6 +56,29 @@ def test_both_sides_compute_the_same_metrics_for_the_same_stream(tmp_path):
     assert h["n"] == b["n"] == [1.0]                                                   # failures left out
 
 
+def test_the_first_requests_sent_are_warm_ups_and_not_measured(tmp_path):
+    # sent in the order slow (t=1), failed (t=2), fast (t=3): two warm-ups leave the fast one only
+    slow, fast = record(0.5, [0.2], [1, 1], send_time=1.0), record(0.1, [0.02], [1, 1], send_time=3.0)
+    failed = RequestRecord(request_id="x", source="load", error="connect", send_time=2.0)
+    write_records(tmp_path / "r.jsonl", [fast, failed, slow])
+    assert accuracy.harness_values(tmp_path / "r.jsonl", warmups=2)["ttft"] == pytest.approx([0.1])
+    assert sorted(accuracy.harness_values(tmp_path / "r.jsonl")["ttft"]) == pytest.approx([0.1, 0.5])
+
+
+def test_the_warm_up_mark_waits_for_the_servers_finished_count(monkeypatch):
+    counts = iter([3.0, 4.0, 5.0, 6.0])
+    monkeypatch.setattr(accuracy, "scrape", lambda url: {"e2e_count": next(counts)})
+    mark = accuracy.WarmupMark("http://127.0.0.1:1", 5.0, interval_s=0.001)
+    mark.start()
+    mark.join(timeout=5)
+    assert mark.scrape == {"e2e_count": 5.0}
+    never = accuracy.WarmupMark("http://127.0.0.1:1", 1e9, interval_s=0.001)
+    monkeypatch.setattr(accuracy, "scrape", lambda url: {"e2e_count": 0.0})
+    never.start()
+    never.stop()
+    assert never.scrape is None and not never.is_alive()
+
+
 def test_the_harness_side_is_also_timed_by_its_read_stamps(tmp_path):
     # the same stream parsed 5 ms after each arrival and [DONE] parsed 1 ms after the last
     rec = record(0.1, [0.02, 0.03, 0.05], [4, 4, 4, 4])
@@ -85,7 +108,7 @@ def test_summary_ratios_spread_and_server_means():
 
     runs = [("harness", run(1.1, 22.0, 1.1)), ("bench", run(1.0, 20.0)), ("bench", run(1.0, 20.0)),
             ("harness", run(0.9, 18.0, 1.1))]
-    args = type("A", (), {"pairs": 2, "users": 2, "requests": 2, "max_tokens": 8, "prompts": 4})()
+    args = type("A", (), {"pairs": 2, "users": 2, "requests": 2, "max_tokens": 8, "prompts": 4, "warmups": 0})()
     s = accuracy.summarize(runs, args)
     assert s["ttft_ratio"] == 0.95          # pooled medians: 190 ms (0.09, 0.11, 0.27, 0.33) vs 200 ms
     assert [p["ttft"]["ratio"] for p in s["pairs"]] == [1.1, 0.9]
