@@ -112,8 +112,9 @@ class Session:
             (self.out_dir / name).unlink(missing_ok=True)
         for old_log in (self.out_dir / "logs").glob("*.log"):
             old_log.unlink(missing_ok=True)
-        for old_worker in worker_record_files(self.out_dir / "records.jsonl"):   # distributed load
-            old_worker.unlink(missing_ok=True)
+        for run_file in ("records.jsonl", "load_stats.json"):   # a distributed load's per-worker files
+            for old_worker in worker_record_files(self.out_dir / run_file):
+                old_worker.unlink(missing_ok=True)
         self.timeline = Timeline(self.out_dir / "timeline.jsonl")
         self.errors: list[str] = []
         self.interrupted = False

@@ -29,8 +29,12 @@ Two options shape when requests are sent and what a failed one does:
   ``logical_id``). The arithmetic is :mod:`harness.load.retry`.
 
 Scale-out: ``workers`` (default 0, one locust process) runs locust's own distributed mode
-instead, one master and ``workers`` worker processes on 127.0.0.1, the users spread over
-the workers; ``max_requests`` still bounds the requests of all workers together.
+instead, one master and ``workers`` worker processes on 127.0.0.1; ``max_requests`` still
+bounds the requests of all workers together. A closed loop's users (also a ramp's or
+steps' users, the master runs the shape) are spread over the workers; an open loop runs
+one arrival scheduler per worker, worker ``k`` of ``N`` sending the arrivals ``i`` with
+``i % N == k`` of the one seeded arrival sequence (so the requests are the single
+process's), each allowed its share of ``max_in_flight``.
 """
 
 from __future__ import annotations
@@ -325,12 +329,18 @@ class LoadConfig(BaseModel):
 
     @model_validator(mode="after")
     def _workers_have_users(self) -> "LoadConfig":
-        if self.workers > self.users:
-            raise ValueError(f"workers ({self.workers}) exceeds users ({self.users}): each locust worker "
+        p = self.profile
+        if p.kind == "open":
+            if self.workers > p.max_in_flight:
+                raise ValueError(f"workers ({self.workers}) exceeds profile.max_in_flight ({p.max_in_flight}): "
+                                 f"each locust worker needs a share of at least one request in flight")
+            return self
+        peak = max([self.closed_users()] + [u for u in ((p.ramp.from_users if p.ramp else None),
+                                                        *(st.users for st in p.steps)) if u is not None])
+        if self.workers > peak:
+            what = "users" if peak == self.users and not (p.ramp or p.steps or p.users) else "the profile's most users"
+            raise ValueError(f"workers ({self.workers}) exceeds {what} ({peak}): each locust worker "
                              f"needs at least one user")
-        if self.workers and (self.profile.kind == "open" or self.profile.ramp or self.profile.steps):
-            raise ValueError("workers > 0 runs a plain closed loop of load.users users; an open-loop profile, "
-                             "a ramp or steps run in one locust process: leave workers at 0")
         return self
 
     def bucket_specs(self) -> list[tuple[str, int, int, int, int, int]]:

@@ -16,7 +16,9 @@ the run time and quits the run) and ``N`` worker processes (``--worker``), each 
 and registered like the single process, each writing its own records file
 (:func:`harness.load.records.worker_records_path`; readers merge them) and log
 (``locust.worker<i>.log``), and each allowed its share of ``max_requests`` (the shares sum
-to it). Stopping SIGTERMs the master (which tells the workers to quit, each finishing its
+to it). A ramp or steps run on the master (locust's shape), which spreads the users over
+the workers; an open loop runs one arrival scheduler on each worker, each sending its
+share of the one arrival sequence (see the locustfile). Stopping SIGTERMs the master (which tells the workers to quit, each finishing its
 request in flight), then waits for the workers, SIGTERMs and at last SIGKILLs any left.
 """
 
@@ -36,6 +38,7 @@ from harness import state
 from harness.errors import LoadError
 from harness.load.config import LoadConfig
 from harness.load.client import check_loopback_url
+from harness.load.profiles import share
 from harness.load.records import worker_records_path
 from harness.proc import die_with_parent
 
@@ -165,8 +168,11 @@ class LocustProcess:
 
     def locust_users(self) -> int:
         """Locust's ``-u``: the closed loop's users (a shape overrides it when the profile
-        ramps or steps), or 1 for the open loop's arrival scheduler."""
-        return 1 if self.cfg.profile.kind == "open" else self.cfg.closed_users()
+        ramps or steps), or for the open loop one arrival scheduler per locust process that
+        sends (1, or ``workers``: locust gives each worker one)."""
+        if self.cfg.profile.kind == "open":
+            return max(1, self.workers)
+        return self.cfg.closed_users()
 
     def profile_json(self) -> str:
         """``SPECCHAOS_PROFILE``: the profile, a closed loop's ``users`` resolved."""
@@ -217,8 +223,7 @@ class LocustProcess:
     def max_requests_share(self, index: int) -> int:
         """Worker ``index``'s share of ``cfg.max_requests``: an even split, the first
         ``max_requests % workers`` workers one more (the shares sum to the bound)."""
-        n, total = self.workers, self.cfg.max_requests
-        return total // n + (1 if index < total % n else 0)
+        return share(self.cfg.max_requests, self.workers, index)
 
     def worker_command(self, index: int) -> list[str]:
         """The argv of worker ``index`` (no shell); it connects to the master on loopback."""

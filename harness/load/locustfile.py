@@ -42,6 +42,13 @@ Profiles (``SPECCHAOS_PROFILE``, :mod:`harness.load.profiles`):
   (user 0). At most ``max_in_flight`` requests run at once; an arrival beyond it is
   dropped and counted. Records carry ``user_id`` 0. ``load_stats.json`` beside the records
   says how many arrivals came, were dropped, and how late the scheduler sent (``lag``).
+  Distributed (``SPECCHAOS_WORKER_COUNT`` N > 0, ``-u N``: one scheduler per worker):
+  worker ``k`` walks the same arrival sequence and walk and sends the arrivals ``i`` with
+  ``i % N == k`` (a thinned share of the one process: together exactly its requests), on
+  its own clock from its scheduler's start (the workers' starts differ by locust's spawn
+  messages, milliseconds on loopback), with its share of ``max_in_flight``
+  (:func:`harness.load.profiles.share`); each writes ``load_stats.worker<k>.json``, which
+  :func:`harness.load.profiles.read_load_stats` merges.
 
 Configuration (environment variables, all set by ``LocustProcess``):
 
@@ -102,9 +109,9 @@ from pydantic import TypeAdapter, ValidationError
 from harness.errors import LoadError, first_error
 from harness.load.client import check_loopback_url, make_client, stream_completion
 from harness.load.config import GREEDY, ProfileConfig, RetryConfig, SamplingClass
-from harness.load.profiles import Walk, iter_arrivals, users_at
+from harness.load.profiles import Walk, iter_arrivals, share, users_at
 from harness.load.prompts import Prompt, load_prompt_set
-from harness.load.records import RequestRecord, append_record
+from harness.load.records import RequestRecord, append_record, worker_records_path
 from harness.load.retry import backoff_s, retryable
 
 log = logging.getLogger(__name__)
@@ -399,8 +406,8 @@ def _graceful_sigterm_with_a_shape(environment, **_kwargs) -> None:
     SIGTERM would kill it outright (requests in flight unrecorded). With the shape active,
     SIGTERM quits the runner gracefully here (users get ``--stop-timeout``), as it does
     without a shape."""
-    if ProfileShape.abstract or environment.runner is None:
-        return
+    if ProfileShape.abstract or environment.runner is None or isinstance(environment.runner, WorkerRunner):
+        return   # (a worker has no shape: the master runs it and tells the workers to stop)
 
     def on_sigterm() -> None:
         log.info("SIGTERM: stopping the shaped load")
@@ -430,8 +437,9 @@ class OpenLoopStats:
         os.replace(tmp, path)
 
 
-#: ``load_stats.json``: beside the records file.
-STATS_PATH = SETTINGS.records_path.with_name("load_stats.json")
+#: ``load_stats.json`` beside the records file (a worker's: ``load_stats.worker<i>.json``).
+STATS_PATH = (worker_records_path(SETTINGS.records_path.with_name("load_stats.json"), SETTINGS.worker_index)
+              if SETTINGS.worker_count > 0 else SETTINGS.records_path.with_name("load_stats.json"))
 
 
 class OpenLoopUser(User):
@@ -444,7 +452,10 @@ class OpenLoopUser(User):
         super().__init__(environment)
         self.user_id = next(_user_index)
         p = SETTINGS.profile
-        self.stats = OpenLoopStats(rate=p.rate or 0.0, burstiness=p.burstiness, max_in_flight=p.max_in_flight)
+        #: this process's part of the arrivals: ``i % stride == part`` (all of them without workers)
+        self.stride, self.part = max(1, SETTINGS.worker_count), SETTINGS.worker_index
+        self.stats = OpenLoopStats(rate=p.rate or 0.0, burstiness=p.burstiness,
+                                   max_in_flight=share(p.max_in_flight, self.stride, self.part))
         self.pool = gevent.pool.Group()
         self._client = None
 
@@ -453,7 +464,7 @@ class OpenLoopUser(User):
 
     def on_start(self) -> None:
         _check_hosts(self.host)
-        self._client = make_client(max_connections=SETTINGS.profile.max_in_flight * (2 if SETTINGS.mirror_host else 1))
+        self._client = make_client(max_connections=self.stats.max_in_flight * (2 if SETTINGS.mirror_host else 1))
 
     def on_stop(self) -> None:
         self.pool.kill(block=True, timeout=5)   # requests cut now are recorded as other:GreenletExit
@@ -464,24 +475,29 @@ class OpenLoopUser(User):
     @task
     def schedule(self) -> None:
         """Run the arrivals until the run stops (one task call for the whole run)."""
+        if self.user_id > 0:   # one scheduler per process: a second would send its arrivals twice
+            log.warning("open loop: locust started a second scheduler in this process; it sends nothing")
+            raise StopUser()
         p = SETTINGS.profile
         walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, 0)
         t0 = time.monotonic()
         lag_sum = 0.0
         for i, at in enumerate(iter_arrivals(p, SETTINGS.seed)):
+            prompt, sampling = walk.next()   # the i-th arrival takes the walk's i-th request, sent or not
+            if i % self.stride != self.part:
+                continue                     # another worker's arrival
             wait = at - (time.monotonic() - t0)
             if wait > 0:
                 gevent.sleep(wait)
             if _stopping or _quitting:
                 break
             lag = max(0.0, time.monotonic() - t0 - at)
-            prompt, sampling = walk.next()   # the i-th arrival takes the walk's i-th request, sent or not
             st = self.stats
             st.arrivals += 1
             st.max_lag_s = max(st.max_lag_s, lag)
             lag_sum += lag
             st.mean_lag_s = lag_sum / st.arrivals
-            if len(self.pool) >= p.max_in_flight:
+            if len(self.pool) >= st.max_in_flight:
                 st.dropped += 1
                 continue
             self.pool.spawn(self._arrival, i, prompt, sampling)

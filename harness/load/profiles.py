@@ -41,11 +41,12 @@ import numpy as np
 
 from harness.load.config import GREEDY, LoadConfig, ProfileConfig, SamplingClass
 from harness.load.prompts import Prompt
+from harness.load.records import worker_record_files
 from harness.load.retry import describe
 
 __all__ = ["Segment", "schedule", "value_at", "users_at", "rate_at", "max_users", "iter_arrivals",
            "arrival_times", "Walk", "planned_requests", "plan_digest", "PLAN_REQUESTS", "load_section",
-           "read_load_stats"]
+           "read_load_stats", "share"]
 
 #: One piece of a schedule: ``(start_s, end_s, value at start, value at end)``, linear in
 #: between; the last piece ends at ``math.inf`` with a constant value.
@@ -244,12 +245,39 @@ def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_
     }
 
 
-def read_load_stats(path) -> dict | None:
-    """The open loop's ``load_stats.json`` (:class:`OpenLoopStats` in the locustfile), or
-    None when absent or unreadable."""
+def share(total: int, n: int, index: int) -> int:
+    """Worker ``index``'s (0-based) share of ``total`` split over ``n`` workers: an even
+    split, the first ``total % n`` workers one more, so the shares sum to ``total``."""
+    return total // n + (1 if index < total % n else 0)
+
+
+def _read_json(path) -> dict | None:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_load_stats(path) -> dict | None:
+    """The open loop's ``load_stats.json`` (:class:`OpenLoopStats` in the locustfile), or
+    None when absent or unreadable. With a distributed load (``load.workers``) each worker
+    wrote its own ``load_stats.worker<i>.json`` beside it (``rate`` the run's, the others its
+    own part's): they are merged (arrivals, drops and ``max_in_flight`` summed, the largest ``max_lag_s``, ``mean_lag_s`` weighted by
+    arrivals) and ``workers`` says how many were read."""
+    single = _read_json(path)
+    if single is not None:
+        return single
+    parts = [d for f in worker_record_files(path) if (d := _read_json(f)) is not None]
+    if not parts:
+        return None
+    merged = dict(parts[0])
+    for key in ("arrivals", "dropped", "max_in_flight"):
+        merged[key] = sum(int(d.get(key) or 0) for d in parts)
+    merged["max_lag_s"] = max(float(d.get("max_lag_s") or 0.0) for d in parts)
+    n = merged["arrivals"]
+    merged["mean_lag_s"] = (sum(float(d.get("mean_lag_s") or 0.0) * int(d.get("arrivals") or 0) for d in parts) / n
+                            if n else 0.0)
+    merged["workers"] = len(parts)
+    return merged

@@ -307,12 +307,15 @@ def test_bad_load_workers(tmp_path, no_new_processes, workers, needles):
     assert_one_line_error(res, *needles)
 
 
-@pytest.mark.parametrize("profile", [{"kind": "open", "rate": 4}, {"steps": [{"at_s": 5, "users": 3}]}])
-def test_workers_with_an_open_loop_or_shaped_profile_are_refused(tmp_path, no_new_processes, profile):
+@pytest.mark.parametrize("profile, needle", [
+    ({"kind": "open", "rate": 4, "max_in_flight": 2}, "workers (3) exceeds profile.max_in_flight (2)"),
+    ({"steps": [{"at_s": 5, "users": 2}]}, "workers (3) exceeds the profile's most users (2)"),
+])
+def test_more_workers_than_an_open_loop_or_shape_can_use_are_refused(tmp_path, no_new_processes, profile, needle):
     d = doc()
-    d["configuration"]["specchaos"]["load"].update(users=2, workers=2, profile=profile)
+    d["configuration"]["specchaos"]["load"].update(users=1, workers=3, profile=profile)
     res = cli("validate", str(write(tmp_path, d)))
-    assert_one_line_error(res, "configuration.specchaos.load", "leave workers at 0")
+    assert_one_line_error(res, "configuration.specchaos.load", needle)
 
 
 @pytest.mark.parametrize("block,field,value", [

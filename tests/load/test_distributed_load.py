@@ -23,6 +23,7 @@ from faults.cleanup import cleanup
 from harness import state
 from harness.experiment.config import LoadConfig
 from harness.load.locust_process import LocustProcess, exit_reason
+from harness.load.profiles import planned_requests, read_load_stats
 from harness.load.records import read_records, worker_record_files, worker_records_path
 
 
@@ -87,6 +88,35 @@ def test_master_and_worker_commands_and_shares(tmp_path):
 def test_workers_need_users():
     with pytest.raises(ValueError, match=r"workers \(3\) exceeds users \(2\)"):
         LoadConfig(users=2, workers=3)
+    # a shape's peak counts (the master spreads its users), an open loop's max_in_flight
+    LoadConfig(users=2, workers=3, profile={"ramp": {"from_users": 1, "duration_s": 5}, "users": 3})
+    with pytest.raises(ValueError, match=r"workers \(4\) exceeds the profile's most users \(3\)"):
+        LoadConfig(users=2, workers=4, profile={"steps": [{"at_s": 2, "users": 3}]})
+    LoadConfig(users=1, workers=4, profile={"kind": "open", "rate": 5, "max_in_flight": 4})
+    with pytest.raises(ValueError, match=r"workers \(5\) exceeds profile.max_in_flight \(4\)"):
+        LoadConfig(users=1, workers=5, profile={"kind": "open", "rate": 5, "max_in_flight": 4})
+
+
+def test_an_open_loop_runs_one_scheduler_per_worker(tmp_path):
+    lp = make("http://127.0.0.1:9", tmp_path, workers=3, profile={"kind": "open", "rate": 5, "max_in_flight": 10})
+    assert lp.command()[lp.command().index("-u") + 1] == "3"
+    assert make("http://127.0.0.1:9", tmp_path, workers=0, profile={"kind": "open", "rate": 5}).locust_users() == 1
+
+
+def test_worker_load_stats_are_merged(tmp_path):
+    def part(arrivals, dropped, max_lag, mean_lag, max_in_flight):
+        return {"kind": "open", "rate": 40.0, "burstiness": 1.0, "max_in_flight": max_in_flight,
+                "arrivals": arrivals, "dropped": dropped, "max_lag_s": max_lag, "mean_lag_s": mean_lag}
+    path = tmp_path / "load_stats.json"
+    assert read_load_stats(path) is None
+    worker_records_path(path, 0).write_text(json.dumps(part(30, 1, 0.004, 0.001, 32)))
+    worker_records_path(path, 1).write_text(json.dumps(part(10, 0, 0.010, 0.003, 32)))
+    merged = read_load_stats(path)
+    assert merged["arrivals"] == 40 and merged["dropped"] == 1 and merged["max_in_flight"] == 64
+    assert merged["max_lag_s"] == 0.010 and merged["mean_lag_s"] == pytest.approx(0.0015)
+    assert merged["workers"] == 2 and merged["rate"] == 40.0
+    path.write_text(json.dumps(part(5, 0, 0.0, 0.0, 8)))     # a single process's file wins
+    assert read_load_stats(path)["arrivals"] == 5
 
 
 # ---------------------------------------------------------------- against the fake vLLM
@@ -115,6 +145,57 @@ def test_two_workers_merge_without_loss_or_duplicates(server, run_dir):
     log = (run_dir / "logs" / "locust.log").read_text()
     assert "SPECCHAOS_MAX_REQUESTS=60 reached" in log
     assert "load.max_requests was reached" in exit_reason(run_dir / "logs" / "locust.log")
+
+
+def test_an_open_loop_over_two_workers_sends_the_single_process_arrivals(server, run_dir):
+    """Worker k sends arrivals i with i % 2 == k, in order: together the one seeded sequence,
+    nothing lost or sent twice, and the merged account matches the records."""
+    received0, _ = server_counts(server.base_url)
+    profile = {"kind": "open", "rate": 40.0, "max_in_flight": 16}
+    lp = make(server.base_url, run_dir, users=1, seed=7, profile=profile, max_requests=80)
+    lp.start()
+    try:
+        assert wait_for(lambda: not lp.is_running(), 60), "the master should quit once a worker used up its share"
+    finally:
+        lp.stop()
+    assert lp.returncode == 0 and all(gone(p) for p in lp.pids)
+    received, _ = server_counts(server.base_url)
+    recs = read_records(lp.records_path)
+    plan = planned_requests(lp.cfg, PROMPTS, count=200)
+    stats = read_load_stats(run_dir / "load_stats.json")
+    print(f"open loop 40/s over 2 workers, max_requests 80: {len(recs)} records, the fake received "
+          f"{received - received0}; merged stats {stats}")
+    assert len(recs) == received - received0 and 40 <= len(recs) <= 80
+    assert len({r.request_id for r in recs}) == len(recs) and all(r.ok for r in recs)
+    for k, f in enumerate(worker_record_files(lp.records_path)):
+        with open(f) as fh:
+            sent = sorted((json.loads(line) for line in fh), key=lambda r: r["send_time"])
+        mine = [p["prompt_id"] for i, p in enumerate(plan) if i % 2 == k]
+        assert sent and [r["prompt_id"] for r in sent] == mine[:len(sent)], k
+    assert stats["workers"] == 2 and stats["max_in_flight"] == 16 and stats["dropped"] == 0
+    assert stats["arrivals"] >= len(recs) and stats["max_lag_s"] < 0.5
+    # together at the run's rate: the arrivals span what one process's plan needs for them
+    span = max(r.send_time for r in recs) - min(r.send_time for r in recs)
+    planned_span = plan[len(recs) - 1]["at_s"] - plan[0]["at_s"]
+    assert abs(span - planned_span) < 0.5, (span, planned_span)
+
+
+def test_steps_over_two_workers_change_the_users(server, run_dir):
+    """The master runs the shape: 2 users, then 4 from 2 s on, spread over both workers."""
+    profile = {"users": 2, "steps": [{"at_s": 2.0, "users": 4}]}
+    lp = make(server.base_url, run_dir, users=2, profile=profile, spawn_rate=50, run_time_s=4)
+    lp.start()
+    try:
+        assert wait_for(lambda: not lp.is_running(), 40), "the shape should end the run at --run-time"
+    finally:
+        lp.stop()
+    assert lp.returncode == 0 and all(gone(p) for p in lp.pids)
+    recs = read_records(lp.records_path)
+    t0 = min(r.send_time for r in recs)
+    early = {r.user_id for r in recs if r.send_time - t0 < 1.5}
+    late = {r.user_id for r in recs if r.send_time - t0 > 3.0}
+    assert early == {0, 1} and late == {0, 1, 2, 3}, (early, late)
+    assert len(worker_record_files(lp.records_path)) == 2
 
 
 def test_stop_registers_and_leaves_nothing(server, run_dir, monkeypatch, tmp_path):
