@@ -21,6 +21,13 @@ carries several tokens), pooled over all requests; TPOT (E2E − TTFT) ÷ (outpu
 per request; E2E send → end of the stream (the bench: its last output chunk; the harness:
 ``data: [DONE]``, which follows within microseconds).
 
+Every run starts with ``--warmups`` requests (default 16) at the same concurrency that are
+not measured (``vllm bench serve --num-warmups``; the harness leaves its first requests by
+send time out): ``vllm bench serve`` spends ~9 s of CPU importing vLLM before its first
+request, and without warm-ups its runs began on a server idle that long and measured it
+slower (README, "Benchmarks"). The server-side means start at the scrape made when vLLM
+had finished the warm-ups (:class:`WarmupMark`).
+
 On a 2-core machine the load client's own CPU slows the server, so the runs alternate
 in pairs whose order flips each pair (harness, bench, bench, harness, ...) to cancel drift;
 each run is preceded by a ``/metrics`` scrape and followed by one, so vLLM's own
@@ -35,7 +42,7 @@ request are reported too.
 Not run by CI (tests/bench runs ``--quick`` and checks the output's shape only). Run it
 under the shared lock (it starts a vLLM server)::
 
-    flock /tmp/specchaos-vllm.lock .venv/bin/python bench/accuracy.py [--pairs 4] [--users 2] [--requests 48]
+    flock /tmp/specchaos-vllm.lock .venv/bin/python bench/accuracy.py [--pairs 4] [--users 2] [--requests 48] [--warmups 16]
 
 The two clients stamp a chunk at different instants: the harness at its arrival (the
 kernel's receive stamp, :mod:`harness.load.rxstamp`), ``vllm bench serve`` when aiohttp has
