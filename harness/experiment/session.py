@@ -269,7 +269,8 @@ class Session:
         self.errors.insert(0, f"interrupted by {signal_name} during {where}")
 
     def sleep(self, seconds: float) -> None:
-        """Sleep in small steps; raises LoadError if the load generator died meanwhile."""
+        """Sleep in small steps; raises LoadError if the load generator died meanwhile
+        (the locust process, or one of a distributed load's workers)."""
         end = time.monotonic() + seconds
         while True:
             if self.interrupted:   # any thread: a fault action in the background ends too
@@ -292,6 +293,8 @@ class Session:
                 raise LoadError(f"the locust load process exited early (code {self.load.returncode}): "
                                 f"{exit_reason(log_path)}", where=str(log_path),
                                 hint="the run is judged on what was recorded")
+            if self.load is not None and (lost := self.load.lost_worker_error()) is not None:
+                raise lost
 
     def stop_load(self) -> None:
         """Stop locust (in-flight requests are written) and mark the end of the load."""

@@ -198,6 +198,30 @@ def test_steps_over_two_workers_change_the_users(server, run_dir):
     assert len(worker_record_files(lp.records_path)) == 2
 
 
+def test_a_lost_worker_is_reported_and_not_replaced(server, run_dir):
+    """SIGKILL one worker mid-run: the master runs on with the other worker's users only, and
+    lost_worker_error says so (the experiment ends the run on it)."""
+    lp = make(server.base_url, run_dir, run_time_s=30)
+    lp.start()
+    try:
+        assert wait_for(lambda: len(read_records(lp.records_path)) >= 20, 30)
+        assert lp.lost_worker_error() is None
+        victim = lp.pids[2]                       # master, worker 0, worker 1
+        psutil.Process(victim).kill()
+        t_kill = time.time()
+        assert wait_for(lambda: lp.lost_worker_error() is not None, 10)
+        err = lp.lost_worker_error()
+        assert "locust worker 1 exited with code -9" in str(err) and err.where.endswith("locust.worker1.log")
+        assert lp.is_running()
+        time.sleep(4.0)                           # beyond locust's heartbeat: still not replaced
+        later = {r.user_id for r in read_records(lp.records_path) if r.send_time > t_kill + 3.5}
+        assert later == {0, 2}, later             # worker 0's users only (worker 1 had 1 and 3)
+    finally:
+        lp.stop()
+    assert lp.lost_worker_error() is None         # stopped: nothing more to report
+    assert all(gone(p) for p in lp.pids)
+
+
 def test_stop_registers_and_leaves_nothing(server, run_dir, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECCHAOS_STATE_DIR", str(tmp_path / "state"))
     rs = state.RunState(run_dir)
