@@ -36,3 +36,23 @@ def test_kill_under_distributed_load_with_progress(tmp_path, capsys):
         assert p in phases
     assert len(lines) <= 12                       # sparse: a line per phase, few more
     assert not leaked_since(before, wait_s=10)
+
+
+def test_an_open_loop_over_two_workers(tmp_path):
+    """The open loop split over two workers: the run passes, and the report's open-loop
+    account merges both workers' (arrivals summed, ``workers: 2``) and matches the records."""
+    before = sut_pids()
+    path = fast_experiment(tmp_path, "dist-open", load={"workers": 2, "profile": {"kind": "open", "rate": 12}})
+    out = tmp_path / "dist-open-out"
+    code, rep = run(path, out)
+    failed = [c for c in rep["checks"] if not c["passed"]]
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    stats = rep["load"]["open_loop"]
+    recs = [r for r in read_records(out / "records.jsonl") if r.source == "load"]
+    print(f"open loop 12/s over 2 workers: {len(recs)} load records, account {stats}")
+    assert stats["workers"] == 2 and stats["dropped"] == 0 and stats["max_in_flight"] == 64
+    logical = {r.logical_id or r.request_id for r in recs}
+    assert len(logical) <= stats["arrivals"] <= len(logical) + 4   # arrivals not yet sent at the stop
+    assert {f.name for f in worker_record_files(out / "records.jsonl")} == {"records.worker0.jsonl",
+                                                                             "records.worker1.jsonl"}
+    assert not leaked_since(before, wait_s=10)
