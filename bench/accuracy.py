@@ -23,7 +23,9 @@ per request; E2E send → end of the stream (the bench: its last output chunk; t
 
 Every run starts with ``--warmups`` requests (default 16) at the same concurrency that are
 not measured (``vllm bench serve --num-warmups``; the harness leaves its first requests by
-send time out): ``vllm bench serve`` spends ~9 s of CPU importing vLLM before its first
+send time out; the bench's warm-ups repeat its first prompt, the harness's are the first
+requests of its walk; the bench's ready-check request is turned off, so the warm-ups are
+all either side sends first): ``vllm bench serve`` spends ~9 s of CPU importing vLLM before its first
 request, and without warm-ups its runs began on a server idle that long and measured it
 slower (README, "Benchmarks"). The server-side means start at the scrape made when vLLM
 had finished the warm-ups (:class:`WarmupMark`).
@@ -262,12 +264,15 @@ class Runs:
         wall = time.monotonic() - t0
         srv1, cli1, after = process_tree_cpu_s(self.server_pid), children_cpu_s(), scrape(self.url)
         n = int(values["n"][0])
+        sent = n + self.a.warmups   # the CPU figures cover the warm-ups too
         return {
             "values": values,
             "requests": n,
             "server": server_means(mark.scrape or before, after),
             "client_cpu_s": round(cli1 - cli0, 3),
-            "server_cpu_ms_per_request": round((srv1 - srv0) * 1000 / n, 2) if n and srv0 is not None and srv1 else None,
+            "server_cpu_ms_per_request": (round((srv1 - srv0) * 1000 / sent, 2) if n and srv0 is not None and srv1
+                                          else None),
+            "requests_with_warmups": sent,
             "wall_s": round(wall, 2),
         }
 
@@ -299,7 +304,7 @@ class Runs:
                    "--dataset-name", "custom", "--dataset-path", str(self.work / "dataset.jsonl"),
                    "--custom-output-len", str(a.max_tokens), "--skip-chat-template", "--disable-shuffle",
                    "--num-prompts", str(a.requests), "--max-concurrency", str(a.users),
-                   "--num-warmups", str(a.warmups),
+                   "--num-warmups", str(a.warmups), "--ready-check-timeout-sec", "0",
                    "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
                    "--extra-body", json.dumps({"return_token_ids": True}),
                    "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -398,7 +403,8 @@ def summarize(runs: list[tuple[str, dict]], args: argparse.Namespace) -> dict[st
         "runs": [{"side": s, "client_cpu_s": r["client_cpu_s"], "wall_s": r["wall_s"], "requests": r["requests"],
                   "server_cpu_ms_per_request": r["server_cpu_ms_per_request"]} for s, r in runs],
         "client_cpu_ms_per_request": {side: round(sum(r["client_cpu_s"] for s, r in runs if s == side) * 1000
-                                                  / max(1, sum(r["requests"] for s, r in runs if s == side)), 2)
+                                                  / max(1, sum(r.get("requests_with_warmups", r["requests"])
+                                                             for s, r in runs if s == side)), 2)
                                       for side in pooled},
     }
     result["settings"] = {"pairs": args.pairs, "users": args.users, "requests_per_run": args.requests,

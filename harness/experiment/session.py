@@ -293,7 +293,8 @@ class Session:
                 raise LoadError(f"the locust load process exited early (code {self.load.returncode}): "
                                 f"{exit_reason(log_path)}", where=str(log_path),
                                 hint="the run is judged on what was recorded")
-            if self.load is not None and (lost := self.load.lost_worker_error()) is not None:
+            load = self.load   # (stop_load on another thread may set it to None meanwhile)
+            if load is not None and (lost := load.lost_worker_error()) is not None:
                 raise lost
 
     def stop_load(self) -> None:

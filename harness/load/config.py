@@ -330,6 +330,9 @@ class LoadConfig(BaseModel):
     @model_validator(mode="after")
     def _workers_have_users(self) -> "LoadConfig":
         p = self.profile
+        if self.workers > self.max_requests:
+            raise ValueError(f"workers ({self.workers}) exceeds max_requests ({self.max_requests}): each locust "
+                             f"worker gets a share of the request bound, and a share of 0 would end the run at once")
         if p.kind == "open":
             if self.workers > p.max_in_flight:
                 raise ValueError(f"workers ({self.workers}) exceeds profile.max_in_flight ({p.max_in_flight}): "

@@ -156,7 +156,7 @@ class LocustProcess:
             "-f", str(LOCUSTFILE),
             "--headless",
             "-u", str(self.locust_users()),
-            "-r", f"{self.cfg.spawn_rate:g}",
+            "-r", f"{self.spawn_rate():g}",
             "--host", self.host_url,
             "--run-time", f"{self.run_time_s}s",
             "--stop-timeout", f"{self.stop_timeout_s:g}",
@@ -169,10 +169,20 @@ class LocustProcess:
     def locust_users(self) -> int:
         """Locust's ``-u``: the closed loop's users (a shape overrides it when the profile
         ramps or steps), or for the open loop one arrival scheduler per locust process that
-        sends (1, or ``workers``: locust gives each worker one)."""
+        sends (1, or ``workers``: locust gives each worker one, all at once, see
+        :meth:`spawn_rate`)."""
         if self.cfg.profile.kind == "open":
             return max(1, self.workers)
         return self.cfg.closed_users()
+
+    def spawn_rate(self) -> float:
+        """Locust's ``-r``: ``cfg.spawn_rate``, but for an open loop over workers at least
+        ``workers``, so the master hands every worker its scheduler in one batch and the
+        workers' arrival clocks start together (locust dispatches ``-r`` users a second: at
+        ``-r 1`` worker 1's clock would start a second after worker 0's)."""
+        if self.cfg.profile.kind == "open" and self.workers:
+            return max(self.cfg.spawn_rate, float(self.workers))
+        return self.cfg.spawn_rate
 
     def profile_json(self) -> str:
         """``SPECCHAOS_PROFILE``: the profile, a closed loop's ``users`` resolved."""
@@ -280,9 +290,10 @@ class LocustProcess:
         """A :class:`LoadError` naming the first worker that exited with a non-zero code
         (negative: killed by that signal) while the master still runs, else None. Locust's
         master only marks such a worker "missing" after its heartbeat stops; it does not
-        give the worker's users to the others (measured with locust 2.47: 4 users over two
-        workers, one SIGKILLed, ran on with 2 users), so the load is no longer the one
-        configured. A worker that quits with code 0 (the master told it to) is not lost."""
+        give the worker's users to the others for about a minute, until it declares it dead
+        (measured with locust 2.47: 4 users over two workers, one SIGKILLed, ran on with 2
+        users), so the load is no longer the one configured. A worker that quits with code 0
+        (the master told it to, or a SIGTERM not from the harness) is not reported."""
         if self._stopped or not self.is_running():
             return None
         failed = self._failed_worker()

@@ -34,7 +34,7 @@ Profiles (``SPECCHAOS_PROFILE``, :mod:`harness.load.profiles`):
   whose ``tick`` (polled by locust once a second) returns the schedule's users, so a step
   takes effect within about a second plus the spawn time (``-r``); it ends the run at
   ``--run-time``;
-* open loop: one :class:`OpenLoopUser` (``-u 1``) is the arrival scheduler: it sleeps until
+* open loop: one :class:`OpenLoopUser` (``-u 1``; one per worker, below) is the arrival scheduler: it sleeps until
   each arrival instant of :func:`harness.load.profiles.iter_arrivals` and spawns one
   greenlet for that request (with its retries), so arrivals never wait for responses (a
   true open loop, unlike locust's ``constant_throughput``, which paces each user after its
@@ -46,7 +46,8 @@ Profiles (``SPECCHAOS_PROFILE``, :mod:`harness.load.profiles`):
   worker ``k`` walks the same arrival sequence and walk and sends the arrivals ``i`` with
   ``i % N == k`` (a thinned share of the one process: together exactly its requests), on
   its own clock from its scheduler's start (the workers' starts differ by locust's spawn
-  messages, milliseconds on loopback), with its share of ``max_in_flight``
+  messages, milliseconds on loopback: ``-r`` is at least ``N``, so one batch starts them
+  all), with its share of ``max_in_flight``
   (:func:`harness.load.profiles.share`); each writes ``load_stats.worker<k>.json``, which
   :func:`harness.load.profiles.read_load_stats` merges.
 
@@ -443,7 +444,8 @@ STATS_PATH = (worker_records_path(SETTINGS.records_path.with_name("load_stats.js
 
 
 class OpenLoopUser(User):
-    """The open loop's arrival scheduler (see module doc): one such user runs; each
+    """The open loop's arrival scheduler (see module doc): one such user runs per locust
+    process (per worker of a distributed load); each
     arrival's request (with its retries) runs in its own greenlet."""
 
     abstract = SETTINGS.profile.kind != "open"
@@ -501,7 +503,7 @@ class OpenLoopUser(User):
                 st.dropped += 1
                 continue
             self.pool.spawn(self._arrival, i, prompt, sampling)
-            if i % 64 == 0:
+            if st.arrivals % 64 == 1:   # this process's own count: every worker writes its account
                 st.write(STATS_PATH)
         self.pool.join(timeout=SETTINGS.request_timeout_s)
         raise StopUser()

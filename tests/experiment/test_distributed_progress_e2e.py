@@ -42,17 +42,22 @@ def test_an_open_loop_over_two_workers(tmp_path):
     """The open loop split over two workers: the run passes, and the report's open-loop
     account merges both workers' (arrivals summed, ``workers: 2``) and matches the records."""
     before = sut_pids()
-    path = fast_experiment(tmp_path, "dist-open", load={"workers": 2, "profile": {"kind": "open", "rate": 12}})
+    # 150 arrivals/s: several requests in flight at the kill (~40 ms each on the fake), which
+    # the fail-fast checks need (none in flight fails them: nothing to judge)
+    path = fast_experiment(tmp_path, "dist-open", load={"workers": 2, "profile": {"kind": "open", "rate": 150}})
     out = tmp_path / "dist-open-out"
     code, rep = run(path, out)
     failed = [c for c in rep["checks"] if not c["passed"]]
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
     stats = rep["load"]["open_loop"]
     recs = [r for r in read_records(out / "records.jsonl") if r.source == "load"]
-    print(f"open loop 12/s over 2 workers: {len(recs)} load records, account {stats}")
-    assert stats["workers"] == 2 and stats["dropped"] == 0 and stats["max_in_flight"] == 64
+    print(f"open loop 150/s over 2 workers: {len(recs)} load records, account {stats}")
+    assert stats["workers"] == 2 and stats["max_in_flight"] == 64
+    # every arrival was sent (one logical request, its retries included) or dropped (its
+    # worker had its 32 in flight, retrying through the outage); a few may be due at the stop
     logical = {r.logical_id or r.request_id for r in recs}
-    assert len(logical) <= stats["arrivals"] <= len(logical) + 4   # arrivals not yet sent at the stop
+    sent_or_dropped = len(logical) + stats["dropped"]
+    assert sent_or_dropped <= stats["arrivals"] <= sent_or_dropped + 4, (len(logical), stats)
     assert {f.name for f in worker_record_files(out / "records.jsonl")} == {"records.worker0.jsonl",
                                                                              "records.worker1.jsonl"}
     assert not leaked_since(before, wait_s=10)

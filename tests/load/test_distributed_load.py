@@ -93,13 +93,20 @@ def test_workers_need_users():
     with pytest.raises(ValueError, match=r"workers \(4\) exceeds the profile's most users \(3\)"):
         LoadConfig(users=2, workers=4, profile={"steps": [{"at_s": 2, "users": 3}]})
     LoadConfig(users=1, workers=4, profile={"kind": "open", "rate": 5, "max_in_flight": 4})
+    with pytest.raises(ValueError, match=r"workers \(2\) exceeds max_requests \(1\)"):
+        LoadConfig(users=4, workers=2, max_requests=1)
     with pytest.raises(ValueError, match=r"workers \(5\) exceeds profile.max_in_flight \(4\)"):
         LoadConfig(users=1, workers=5, profile={"kind": "open", "rate": 5, "max_in_flight": 4})
 
 
 def test_an_open_loop_runs_one_scheduler_per_worker(tmp_path):
-    lp = make("http://127.0.0.1:9", tmp_path, workers=3, profile={"kind": "open", "rate": 5, "max_in_flight": 10})
+    lp = make("http://127.0.0.1:9", tmp_path, workers=3, spawn_rate=1,
+              profile={"kind": "open", "rate": 5, "max_in_flight": 10})
     assert lp.command()[lp.command().index("-u") + 1] == "3"
+    # all three schedulers in locust's first spawn batch, so their clocks start together
+    assert lp.command()[lp.command().index("-r") + 1] == "3"
+    closed = make("http://127.0.0.1:9", tmp_path, workers=3, spawn_rate=1, users=6)
+    assert closed.command()[closed.command().index("-r") + 1] == "1"
     assert make("http://127.0.0.1:9", tmp_path, workers=0, profile={"kind": "open", "rate": 5}).locust_users() == 1
 
 
