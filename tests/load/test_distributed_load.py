@@ -127,23 +127,30 @@ def test_worker_load_stats_are_merged(tmp_path):
 
 
 # ---------------------------------------------------------------- against the fake vLLM
-def test_two_workers_merge_without_loss_or_duplicates(server, run_dir):
-    received0, success0 = server_counts(server.base_url)
-    lp = make(server.base_url, run_dir, max_requests=60)
+def run_until_quit(lp: LocustProcess, base_url: str, timeout_s: float = 60) -> tuple[list, int, int]:
+    """Start ``lp``, wait until its master quits on its own (request bound or run time), stop
+    it; asserts a clean exit and no process left. Returns (its records, the completion
+    requests the fake received meanwhile, the successes it counted meanwhile)."""
+    received0, success0 = server_counts(base_url)
     lp.start()
     try:
-        assert wait_for(lambda: not lp.is_running(), 60), "the master should quit once a worker used up its share"
+        assert wait_for(lambda: not lp.is_running(), timeout_s), "the master should quit on its own"
     finally:
         lp.stop()
     assert lp.returncode == 0 and all(gone(p) for p in lp.pids)
-    received, success = server_counts(server.base_url)
-    recs = read_records(lp.records_path)
+    received, success = server_counts(base_url)
+    return read_records(lp.records_path), received - received0, success - success0
+
+
+def test_two_workers_merge_without_loss_or_duplicates(server, run_dir):
+    lp = make(server.base_url, run_dir, max_requests=60)
+    recs, received, success = run_until_quit(lp, server.base_url)
     print(f"2 workers, max_requests 60: {len(recs)} records ({sum(r.ok for r in recs)} ok); the fake received "
-          f"{received - received0}, counted {success - success0} successes")
+          f"{received}, counted {success} successes")
     assert not lp.records_path.exists()   # the master writes nothing; each worker its own file
     assert [f.name for f in worker_record_files(lp.records_path)] == ["records.worker0.jsonl", "records.worker1.jsonl"]
-    assert len(recs) == received - received0 and 30 <= len(recs) <= 60     # the bound holds across workers
-    assert sum(r.ok for r in recs) == success - success0
+    assert len(recs) == received and 30 <= len(recs) <= 60     # the bound holds across workers
+    assert sum(r.ok for r in recs) == success
     assert len({r.request_id for r in recs}) == len(recs)                   # nothing counted twice
     assert {r.user_id for r in recs} == {0, 1, 2, 3}                        # unique across workers
     for i, f in enumerate(worker_record_files(lp.records_path)):
@@ -157,22 +164,14 @@ def test_two_workers_merge_without_loss_or_duplicates(server, run_dir):
 def test_an_open_loop_over_two_workers_sends_the_single_process_arrivals(server, run_dir):
     """Worker k sends arrivals i with i % 2 == k, in order: together the one seeded sequence,
     nothing lost or sent twice, and the merged account matches the records."""
-    received0, _ = server_counts(server.base_url)
     profile = {"kind": "open", "rate": 40.0, "max_in_flight": 16}
     lp = make(server.base_url, run_dir, users=1, seed=7, profile=profile, max_requests=80)
-    lp.start()
-    try:
-        assert wait_for(lambda: not lp.is_running(), 60), "the master should quit once a worker used up its share"
-    finally:
-        lp.stop()
-    assert lp.returncode == 0 and all(gone(p) for p in lp.pids)
-    received, _ = server_counts(server.base_url)
-    recs = read_records(lp.records_path)
+    recs, received, _ = run_until_quit(lp, server.base_url)
     plan = planned_requests(lp.cfg, PROMPTS, count=200)
     stats = read_load_stats(run_dir / "load_stats.json")
     print(f"open loop 40/s over 2 workers, max_requests 80: {len(recs)} records, the fake received "
-          f"{received - received0}; merged stats {stats}")
-    assert len(recs) == received - received0 and 40 <= len(recs) <= 80
+          f"{received}; merged stats {stats}")
+    assert len(recs) == received and 40 <= len(recs) <= 80
     assert len({r.request_id for r in recs}) == len(recs) and all(r.ok for r in recs)
     for k, f in enumerate(worker_record_files(lp.records_path)):
         with open(f) as fh:
@@ -191,13 +190,7 @@ def test_steps_over_two_workers_change_the_users(server, run_dir):
     """The master runs the shape: 2 users, then 4 from 2 s on, spread over both workers."""
     profile = {"users": 2, "steps": [{"at_s": 2.0, "users": 4}]}
     lp = make(server.base_url, run_dir, users=2, profile=profile, spawn_rate=50, run_time_s=4)
-    lp.start()
-    try:
-        assert wait_for(lambda: not lp.is_running(), 40), "the shape should end the run at --run-time"
-    finally:
-        lp.stop()
-    assert lp.returncode == 0 and all(gone(p) for p in lp.pids)
-    recs = read_records(lp.records_path)
+    recs, _, _ = run_until_quit(lp, server.base_url, timeout_s=40)   # the shape ends it at --run-time
     t0 = min(r.send_time for r in recs)
     early = {r.user_id for r in recs if r.send_time - t0 < 1.5}
     late = {r.user_id for r in recs if r.send_time - t0 > 3.0}
