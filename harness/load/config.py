@@ -187,6 +187,13 @@ class ProfileConfig(BaseModel):
     ramp: RampConfig | None = None
     steps: list[StepConfig] = Field(default_factory=list)
 
+    def peak_users(self, default_users: int = 1) -> int:
+        """Closed loop: the most users the schedule ever asks for (``users``, else
+        ``default_users``; the ramp's start; each step's), a linear ramp peaking at an end."""
+        values = [self.users or default_users, self.ramp.from_users if self.ramp else None,
+                  *(st.users for st in self.steps)]
+        return max(v for v in values if v is not None)
+
     @model_validator(mode="after")
     def _consistent(self) -> "ProfileConfig":
         closed = self.kind == "closed"
@@ -338,10 +345,9 @@ class LoadConfig(BaseModel):
                 raise ValueError(f"workers ({self.workers}) exceeds profile.max_in_flight ({p.max_in_flight}): "
                                  f"each locust worker needs a share of at least one request in flight")
             return self
-        peak = max([self.closed_users()] + [u for u in ((p.ramp.from_users if p.ramp else None),
-                                                        *(st.users for st in p.steps)) if u is not None])
+        peak = p.peak_users(self.users)
         if self.workers > peak:
-            what = "users" if peak == self.users and not (p.ramp or p.steps or p.users) else "the profile's most users"
+            what = "the profile's most users" if p.ramp or p.steps or p.users else "users"
             raise ValueError(f"workers ({self.workers}) exceeds {what} ({peak}): each locust worker "
                              f"needs at least one user")
         return self

@@ -106,8 +106,9 @@ def rate_at(profile: ProfileConfig, t: float) -> float:
 
 
 def max_users(profile: ProfileConfig, default_users: int = 1) -> int:
-    """Closed loop: the most users the schedule ever asks for."""
-    return int(round(max(max(s[2], s[3]) for s in schedule(profile, default_users))))
+    """Closed loop: the most users the schedule ever asks for
+    (:meth:`~harness.load.config.ProfileConfig.peak_users`)."""
+    return profile.peak_users(default_users)
 
 
 def _invert(segments: Sequence[Segment], cum: Sequence[float], u: float) -> float:
