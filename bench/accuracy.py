@@ -403,8 +403,7 @@ def summarize(runs: list[tuple[str, dict]], args: argparse.Namespace) -> dict[st
         "runs": [{"side": s, "client_cpu_s": r["client_cpu_s"], "wall_s": r["wall_s"], "requests": r["requests"],
                   "server_cpu_ms_per_request": r["server_cpu_ms_per_request"]} for s, r in runs],
         "client_cpu_ms_per_request": {side: round(sum(r["client_cpu_s"] for s, r in runs if s == side) * 1000
-                                                  / max(1, sum(r.get("requests_with_warmups", r["requests"])
-                                                             for s, r in runs if s == side)), 2)
+                                                  / max(1, sum(r["requests_with_warmups"] for s, r in runs if s == side)), 2)
                                       for side in pooled},
     }
     result["settings"] = {"pairs": args.pairs, "users": args.users, "requests_per_run": args.requests,

@@ -102,7 +102,7 @@ def test_summary_ratios_spread_and_server_means():
             values.update({f"read_{k}": [v * read_scale for v in values[k]] for k in accuracy.METRICS})
             values["read_delay"] = [0.001, 0.003]
         return {"values": values,
-                "requests": 2, "client_cpu_s": 0.5, "wall_s": 3.0, "server_cpu_ms_per_request": 100.0,
+                "requests": 2, "requests_with_warmups": 2, "client_cpu_s": 0.5, "wall_s": 3.0, "server_cpu_ms_per_request": 100.0,
                 "server": {**{f"{k}_mean_ms": 10.0 for k in accuracy.SERVER_HISTOGRAMS},
                            **{f"{k}_count": 2 for k in accuracy.SERVER_HISTOGRAMS}, "ttft_mean_ms": server_ttft}}
 
