@@ -16,8 +16,9 @@ therefore no memory swing: the tree before the kill, the API process left withou
 killed worker (it answers ``/metrics`` for a moment), and the restarted tree are judged
 each on its own — a process dying is the fault, judged by the fault's own checks. ``server_memory.settle_s`` drops a process's first seconds after its first
 successful scrape as well. A process with fewer than ``server_memory.min_samples`` samples
-in a phase is not judged there; a phase where no process of a server has enough passes
-with "not judged: ..." in the detail.
+in a phase is not judged there; a phase where no process of a server has enough is **not
+judged** (``passed`` None, "not judged: ..." in the detail, N/J in every report): neither a
+pass nor a failure, and left out of the verdict.
 
 * ``server_memory.gpu<i>.<phase>.memory_swing`` — the same over GPU *i*'s used memory ≤
   ``server_memory.max_gpu_memory_swing``. Without an NVIDIA GPU nothing is judged and the
@@ -120,8 +121,8 @@ def _analyse(run: RecordedRun) -> dict[str, Any]:
 
 def _result(name: str, w: dict[str, Any], limit: float, what: str, min_samples: int) -> CheckResult:
     if w["swing"] is None:
-        return CheckResult(name, "memory", True, None, limit,
-                           f"not judged: no {what} with ≥ {min_samples} samples in this phase")
+        return CheckResult.not_judged(name, "memory", None, limit,
+                                      f"no {what} with ≥ {min_samples} samples in this phase")
     passed = w["swing"] <= limit
     return CheckResult(name, "memory", passed, round(w["swing"], 4), limit,
                        f"{what} {w['min'] / 2**20:.0f} → {w['max'] / 2**20:.0f} MiB over {w['samples']} samples "

@@ -19,9 +19,10 @@ a pair of consecutive windows is compared only when neither holds a server resta
 counter that started over): a restart — a killed worker brought back, a swapped draft — is
 a new series, not a collapse or a saturation. A server without spec-decode counters (the
 non-speculative reference, or speculation switched off) is not judged; a speculative one
-with no comparable pair of windows passes with "not judged: ..." in the detail (and its
-section says why). A run without ``metrics.jsonl`` (recorded before the scraper existed)
-gets no speculation checks and a section note.
+with no comparable pair of windows is **not judged** (``passed`` None, "not judged: ..."
+in the detail, N/J in every report, left out of the verdict; its section says why). A run
+without ``metrics.jsonl`` (recorded before the scraper existed) gets no speculation checks
+and a section note.
 """
 
 from __future__ import annotations
@@ -118,12 +119,12 @@ def check(run: RecordedRun) -> list[CheckResult]:
         if c is None:   # no speculation on this server: nothing to judge
             continue
         if not c["pairs_judged"]:
-            why = (f"not judged: no two consecutive {cfg.window_s:g} s windows with ≥ {cfg.min_draft_tokens} draft "
+            why = (f"no two consecutive {cfg.window_s:g} s windows with ≥ {cfg.min_draft_tokens} draft "
                    f"tokens each and no restart between them ({len(s['windows'])} window(s), "
                    f"{c['windows_judged']} with enough draft tokens)")
             for kind, limit in (("collapse", cfg.collapse_max_drop), ("saturation", cfg.saturation_min_jump)):
                 if limit is not None:
-                    out.append(CheckResult(f"speculation.{name}.{kind}", "speculation", True, None, limit, why))
+                    out.append(CheckResult.not_judged(f"speculation.{name}.{kind}", "speculation", None, limit, why))
             continue
         if cfg.collapse_max_drop is not None:
             d = c["collapse"]

@@ -78,7 +78,8 @@ def test_settle_s_skips_a_process_s_first_seconds(tmp_path):
 def test_too_few_samples_are_not_judged_and_say_so(tmp_path):
     write(tmp_path, [GIB, 2 * GIB, GIB])
     r = by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"]
-    assert r.passed and r.observed is None and r.detail.startswith("not judged:")
+    assert r.passed is None and not r.judged and not r.failed and r.observed is None
+    assert r.detail.startswith("not judged: no RSS of one server process tree with ≥ 4 samples")
 
 
 def test_gpu_memory_swing_is_judged_from_gpu_jsonl(tmp_path):

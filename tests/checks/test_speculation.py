@@ -122,7 +122,7 @@ def test_server_without_speculation_is_not_judged(tmp_path):
 def test_too_few_samples_are_not_judged_and_say_so(tmp_path):
     write_series(tmp_path, [0.9] * 6)                        # 3 s: one window
     res = speculation.check(run_of(tmp_path, 3.0))
-    assert len(res) == 2 and all(r.passed and r.observed is None for r in res)
+    assert len(res) == 2 and all(r.passed is None and not r.judged and r.observed is None for r in res)
     assert all(r.detail.startswith("not judged: no two consecutive 5 s windows") for r in res)
 
 

@@ -183,6 +183,26 @@ def test_a_failed_run_is_failed_with_the_failing_checks_as_message(run_dir):
     assert steps["check slo.after.e2e_p95_s"]["status"] == "failed"
 
 
+
+def test_swing_checks_not_judged_are_skipped_never_passed(run_dir):
+    """The run's metrics.jsonl has no RSS: every server_memory swing is not judged, so each
+    is a skipped step (counted as not judged) with its reason, never a passed one, and the
+    run still passes on its judged checks."""
+    rep = judged(run_dir)
+    assert rep["verdict"] == "pass"
+    swings = [c for c in rep["checks"] if c["name"].startswith("server_memory.spec.")]
+    assert swings and all(c["passed"] is None and not c["judged"] for c in swings)
+    write_allure_results(run_dir, rep, journal())
+    res = result_of(run_dir / RESULTS_DIR)
+    assert res["status"] == "passed"
+    steps = {s["name"]: s for s in flat_steps(res["steps"])}
+    for c in swings:
+        step = steps[f"check {c['name']}"]
+        assert step["status"] == "skipped" and step["statusDetails"]["message"].startswith("not judged: "), step
+    (checks,) = [s for s in res["steps"] if s["name"].startswith("checks (")]
+    not_judged = sum(c["passed"] is None for c in rep["checks"])
+    assert f"{not_judged} not judged" in checks["name"] and not_judged >= len(swings)
+
 def test_an_error_is_broken_and_an_abort_failed(run_dir):
     rep = judged(run_dir, meta={**META, "errors": ["stack: spec failed to start"]})
     assert rep["verdict"] == "error"

@@ -1,7 +1,12 @@
 import io
+import json
 
 from rich.console import Console
 
+from harness.checks import server_memory
+from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.verdict import verdict
+from harness.experiment.config import SpecchaosConfig
 from harness.report.summary import print_summary, render_summary
 
 
@@ -154,3 +159,26 @@ def test_summary_of_an_aborted_run_says_why_and_how_fast():
     assert "aborted by safeguard error_rate: error_rate 1 over 16 requests > 0.5" in text
     assert "detection latency 0.21 s beyond for_s, 4.30 s after the fault; rollbacks ran" in text
     assert "recovery resolution" in text and "31 ms" in text
+
+
+
+def test_a_swing_check_on_too_few_samples_shows_n_j_never_pass(tmp_path):
+    """A server_memory swing with too few RSS samples, judged by the real check from a
+    recorded metrics.jsonl, is N/J in the summary with its reason, never PASS; it leaves a
+    healthy run's verdict pass (the judged checks make it)."""
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"t": t, "server": "spec", "ok": True, "pid": 100, "rss_bytes": v}) + "\n"
+        for t, v in ((0.0, 1 << 30), (0.5, 2 << 30), (1.0, 1 << 30))))
+    run = RecordedRun(records=[], reference={}, events=[], limits=SpecchaosConfig(),
+                      windows={"baseline": (0.0, 10.0)}, run_dir=tmp_path)
+    (swing,) = server_memory.check(run)
+    assert swing.passed is None
+    slo = CheckResult("slo.baseline.ttft_p95_s", "slo", True, 0.0876, 2.0)
+    rep = {**REPORT, "verdict": verdict([slo, swing], fault_acted=True, errors=[]),
+           "checks": [slo.to_dict(), swing.to_dict()]}
+    assert rep["verdict"] == "pass"
+    text = render(rep)
+    rows = [line for line in text.splitlines() if "server_memory.spec.baseline.rss_swing" in line]
+    assert len(rows) == 1 and rows[0].lstrip("│ ").startswith("N/J"), rows
+    assert "PASS" not in rows[0] and "not judged: no RSS of one server process tree" in rows[0]
+    assert text.startswith("PASS")
