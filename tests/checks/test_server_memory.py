@@ -1,6 +1,7 @@
 """Server memory swing on recorded series: a swinging RSS fails, a steady one passes, a
-killed-and-restarted server is no swing, a GPU's used memory is judged where gpu.jsonl has
-it, and without an NVIDIA GPU the section carries the note."""
+killed-and-restarted server is no swing, a KV-filling fault's growth up to the KV cache is
+no swing but a leak beyond it is, too few samples are not judged (N/J), a GPU's used memory
+is judged where gpu.jsonl has it, and without an NVIDIA GPU the section carries the note."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from harness.checks import server_memory
 from harness.checks.base import RecordedRun
 from harness.experiment.config import SpecchaosConfig
+from harness.timeline import fault_summary
 
 GIB = 1 << 30
 
@@ -124,3 +126,78 @@ def test_a_worker_killed_while_the_api_still_answers_is_no_swing(tmp_path):
         ln.pop("tree_pids", None)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
     assert not by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"].passed
+
+
+MIB = 1 << 20
+#: The run of issue 17: baseline 30 s, a 99.5 s fault phase (199 scrapes at 0.5 s), after 30 s.
+KV_WINDOWS = {"baseline": (0.0, 30.0), "fault": (30.0, 129.5), "after": (129.5, 159.5)}
+
+
+def kv_pressure(acting_at=30.0, cleared_at=45.0, target="spec/kv-cache", kind="kv-pressure"):
+    """The ledger's events of one fault (``fault_injected`` → evidence → ``fault_cleared``)."""
+    return [{"t": acting_at, "source": "fault", "event": "fault_injected", "fault_id": "f1", "kind": kind,
+             "target": target, "acting_at": acting_at},
+            {"t": acting_at + 1, "source": "fault", "event": "fault_evidence", "fault_id": "f1", "acted": True},
+            {"t": cleared_at, "source": "fault", "event": "fault_cleared", "fault_id": "f1"}]
+
+
+def kv_run(tmp_path, events=(), kv_cache_gib=1.0) -> RecordedRun:
+    cfg = SpecchaosConfig.model_validate({"stack": {"kv_cache_gib": kv_cache_gib}})
+    return RecordedRun(records=[], reference={}, events=list(events), limits=cfg, windows=dict(KV_WINDOWS),
+                       faults=fault_summary(list(events)), run_dir=tmp_path)
+
+
+def first_touch_series():
+    """Issue 17's tree: 2207 MiB through the baseline; while kv-pressure fills the cache (15 s)
+    it rises to 2778 MiB and stays there: 199 samples in the fault phase, 2207 → 2778 MiB."""
+    out = []
+    for i in range(int(159.5 / 0.5)):
+        t = i * 0.5
+        rise = min(1.0, max(0.0, (t - 30.0) / 20.0))     # 20 s of growth to the ceiling, then flat
+        out.append((2207 + 571 * rise) * MIB + (i % 3) * MIB)
+    return out
+
+
+def test_first_touch_of_the_kv_cache_under_kv_pressure_passes(tmp_path):
+    """The recorded 2207 → 2778 MiB (plain swing 0.26 > 0.15) while kv-pressure acted on the
+    server: within stack.kv_cache_gib (1 GiB), so no swing; the same series with no
+    KV-filling fault (or one on another server) still fails as it did."""
+    write(tmp_path, first_touch_series())
+    r = by_name(server_memory.check(kv_run(tmp_path, kv_pressure())))["server_memory.spec.fault.rss_swing"]
+    assert r.passed is True and r.observed == 0.0 and r.limit == 0.15, r
+    assert "2207 → 2780 MiB over 199 samples" in r.detail and "plain (max − min) ÷ min 0.260" in r.detail
+    assert "stack.kv_cache_gib, 1024 MiB" in r.detail
+    sec = server_memory.section(kv_run(tmp_path, kv_pressure()))["servers"]["spec"]
+    assert sec["fault"]["allowance_bytes"] == GIB and round(sec["fault"]["plain_swing"], 2) == 0.26
+    assert sec["baseline"]["allowance_bytes"] == 0 and sec["after"]["allowance_bytes"] == 0
+    for events in ((), kv_pressure(target="ref/kv-cache"), kv_pressure(kind="process-kill")):
+        r = by_name(server_memory.check(kv_run(tmp_path, events)))["server_memory.spec.fault.rss_swing"]
+        assert r.passed is False and round(r.observed, 2) == 0.26 and "swing = (max − min) ÷ min" in r.detail
+
+
+def test_a_leak_beyond_the_kv_cache_under_kv_pressure_fails(tmp_path):
+    """Growth without bound: 2207 MiB growing 30 MiB/s from the fault on, through the after
+    phase. The fault phase grows ~2.9 GiB, beyond the 1 GiB KV cache: fails; the after phase
+    (no KV-filling fault, no allowance) fails too."""
+    write(tmp_path, [(2207 + 30 * max(0.0, i * 0.5 - 30.0)) * MIB for i in range(int(159.5 / 0.5))])
+    res = by_name(server_memory.check(kv_run(tmp_path, kv_pressure())))
+    fault, after = res["server_memory.spec.fault.rss_swing"], res["server_memory.spec.after.rss_swing"]
+    assert fault.passed is False and fault.observed > 0.15, fault
+    assert after.passed is False and "swing = (max − min) ÷ min" in after.detail, after
+    assert res["server_memory.spec.baseline.rss_swing"].passed is True
+
+
+def test_growth_that_goes_on_after_the_kv_fault_fails_in_the_later_phase(tmp_path):
+    """The first-touch ceiling of issue 17 in the fault phase, then growth that does not stop
+    (20 MiB/s through the after phase): the after phase is judged without an allowance."""
+    write(tmp_path, [v + 20 * max(0.0, i * 0.5 - 129.5) * MIB for i, v in enumerate(first_touch_series())])
+    res = by_name(server_memory.check(kv_run(tmp_path, kv_pressure())))
+    assert res["server_memory.spec.fault.rss_swing"].passed is True
+    assert res["server_memory.spec.after.rss_swing"].passed is False
+
+
+def test_a_smaller_kv_cache_gives_a_smaller_allowance(tmp_path):
+    write(tmp_path, first_touch_series())
+    res = by_name(server_memory.check(kv_run(tmp_path, kv_pressure(), kv_cache_gib=0.125)))
+    r = res["server_memory.spec.fault.rss_swing"]
+    assert r.passed is False and round(r.observed, 3) == round((2780 - 2207 - 128) / 2207, 3), r
