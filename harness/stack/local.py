@@ -373,6 +373,15 @@ class LocalServer:
         with self._cond:
             return settings_of(self.speculative_config)
 
+    def take_run_settings(self, restart: RestartPolicy, startup_timeout_s: float) -> None:
+        """A started server reused by another run (:class:`harness.stack.pool.StackPool`):
+        supervise it with that run's restart policy and startup wait (seconds), its restart
+        budget whole again (:attr:`restarts` emptied; :attr:`incarnation` keeps counting)."""
+        with self._cond:
+            self.restart = restart
+            self.startup_timeout_s = startup_timeout_s
+            self.restarts = []
+
     def respeculate(self, method: str | None, draft: str | os.PathLike | None = None,
                     num_speculative_tokens: int | None = None, *, reason: str = "") -> int:
         """Restart the server with other speculative settings: a planned, supervised restart.

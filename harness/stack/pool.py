@@ -6,8 +6,11 @@ run_dir, clean)`` takes it back when the run closes. Without a provider (the CLI
 ``chaos run``) a session builds its stack with :func:`harness.stack.launchers.make_stack`
 and stops it, exactly as before. :class:`StackPool` is the provider of the pytest plugin:
 
-* **key**: the ``stack`` block as validated (:func:`stack_key`): runs whose
-  stack configurations are equal share one started stack; a different block gets its own.
+* **key**: the ``stack`` block as validated, less the run-level fields (:data:`RUN_FIELDS`:
+  the supervisor's restart policy and startup wait, the session's speculation breaker), which
+  change nothing the launcher starts (:func:`stack_key`): runs whose keys are equal share one
+  started stack, each run's own run-level fields applied to it at acquire (its restart budget
+  whole again); a different key gets its own stack.
 * **where a pooled stack writes**: its servers' logs go to ``<base>/stack-<key12>-<n>/logs/``;
   at release, the bytes each log gained during the run are copied to the run's
   ``logs/<name>-server.log`` (the first run's copy includes the startup). Its ``stack``
@@ -16,12 +19,12 @@ and stops it, exactly as before. :class:`StackPool` is the provider of the pytes
   ``stack_pooled`` event (``key``, ``uses``: 1 when this run started it, ``starts``: stacks
   this pool started so far, ``stack_dir``) before anything else of the run acts.
 * **reuse only when fit**: the previous run released it *clean* (its fault ledger had no
-  open fault, no cleanup step failed, no signal interrupted it), every server is up in its
-  first incarnation (no supervised restart and no planned respeculation happened, so each
-  run gets the whole ``restart.max_restarts`` budget and the configured speculative
-  settings), and each server answers ``GET /health`` 200 and a 1-token greedy completion
-  within :data:`PROBE_TIMEOUT_S`. Otherwise the stack is stopped and a fresh one started
-  (``stack_replaced`` on the run's timeline, with the ``reason``).
+  open fault, no cleanup step failed, no signal interrupted it), every server is up and runs
+  the configured speculative settings (no planned respeculation happened; a healthy
+  supervised restart after a kill is fine: the next run gets the whole
+  ``restart.max_restarts`` budget again), and each server answers ``GET /health`` 200 and a
+  1-token greedy completion within :data:`PROBE_TIMEOUT_S`. Otherwise the stack is stopped
+  and a fresh one started (``stack_replaced`` on the run's timeline, with the ``reason``).
 * **crash safety**: each pooled stack has its own run state file (:mod:`harness.state`),
   rewritten with its live process trees at start and at every release, so ``specchaos
   cleanup`` finds it after a crash between runs; :meth:`StackPool.close` stops every stack
@@ -51,7 +54,7 @@ from harness.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StackProvider", "StackPool", "stack_key", "PROBE_TIMEOUT_S"]
+__all__ = ["StackProvider", "StackPool", "stack_key", "PROBE_TIMEOUT_S", "RUN_FIELDS"]
 
 #: Seconds each server gets to answer the health probe and the 1-token completion before reuse.
 PROBE_TIMEOUT_S = 10.0
@@ -71,10 +74,18 @@ class StackProvider(Protocol):
         """The run is over; ``clean``: no fault left open, no cleanup failure, no interruption."""
 
 
+#: Fields of the ``stack`` block that are not part of the pool key: they change nothing the
+#: launcher starts, and a reused stack takes them from each run (:func:`_take_run_settings`).
+RUN_FIELDS = ("restart", "startup_timeout_s", "breaker")
+
+
 def stack_key(cfg: Any) -> str:
     """The pool key of a validated ``stack`` block: sha256 (hex) of its JSON with sorted keys,
-    ``models_dir`` made absolute (``models`` and ``/repo/models`` name one directory)."""
+    less :data:`RUN_FIELDS`, ``models_dir`` made absolute (``models`` and ``/repo/models``
+    name one directory)."""
     data = cfg.model_dump(mode="json")
+    for name in RUN_FIELDS:
+        data.pop(name, None)
     if data.get("models_dir"):
         data["models_dir"] = str(Path(data["models_dir"]).resolve())
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -121,6 +132,7 @@ class StackPool:
                     p.busy, p.uses = True, p.uses + 1
                     self.reuses += 1
                     _rebind(p.stack, timeline)
+                    _take_run_settings(p.stack, cfg)
                     p.log_offsets = _log_offsets(p.stack)
                     timeline.emit("stack", "stack_pooled", key=key[:12], uses=p.uses, starts=self.starts,
                                   stack_dir=str(p.stack_dir))
@@ -166,6 +178,18 @@ class StackPool:
                 return
             _sync_state(p)
 
+    def pids(self) -> set[int]:
+        """Pids of the processes of every stack the pool holds now (each server's roles:
+        API server, engine, worker), busy or idle."""
+        with self._lock:
+            stacks = [p.stack for p in self._pooled]
+        out: set[int] = set()
+        for stack in stacks:
+            for server in stack.servers.values():
+                roles = server.roles() if hasattr(server, "roles") else {}
+                out.update(proc.pid for members in roles.values() for proc in members)
+        return out
+
     # ------------------------------------------------------------------ life
     def close(self) -> None:
         """Stop every pooled stack (idempotent; safe in a signal handler's aftermath)."""
@@ -203,11 +227,13 @@ class StackPool:
 
 
 def _unfit_state(stack: Any) -> str | None:
-    """Why ``stack`` cannot be reused from its servers' state alone (a restart, a server not
-    up), or None; no request is sent."""
+    """Why ``stack`` cannot be reused from its servers' state alone (other speculative
+    settings than configured, a server not up), or None; no request is sent. A supervised
+    restart alone does not make it unfit: the restarted server runs the configured settings."""
     for name, server in stack.servers.items():
-        if getattr(server, "incarnation", 0) != 0:
-            return f"server {name} restarted (incarnation {server.incarnation})"
+        if getattr(server, "respeculations", None):
+            return (f"server {name} was respeculated (incarnation {server.incarnation} runs other "
+                    f"speculative settings than configured)")
         is_up = getattr(server, "is_up", None)
         if is_up is not None and not is_up():
             return f"server {name} is {getattr(server, 'state', 'down')}"
@@ -231,6 +257,18 @@ def _probe(server: Any) -> str | None:
     except (httpx.HTTPError, ValueError) as exc:
         return f"probe failed: {type(exc).__name__}: {exc}"
     return None
+
+
+def _take_run_settings(stack: Any, cfg: Any) -> None:
+    """A reused stack serves a new run: the run's ``stack`` block becomes its configuration
+    and each server takes the run's restart policy and startup wait with a whole restart
+    budget (servers without :meth:`take_run_settings` keep theirs)."""
+    if hasattr(stack, "cfg"):
+        stack.cfg = cfg
+    for server in stack.servers.values():
+        take = getattr(server, "take_run_settings", None)
+        if take is not None:
+            take(cfg.restart, cfg.startup_timeout_s)
 
 
 def _rebind(stack: Any, timeline: Timeline) -> None:

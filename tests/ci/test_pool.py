@@ -21,6 +21,11 @@ class StubServer:
         self.name, self.log_path = name, log_path
         self.base_url, self.model = "http://127.0.0.1:9", "target"
         self.incarnation, self.timeline, self.up = 0, None, True
+        self.respeculations: list = []
+        self.run_settings: list = []
+
+    def take_run_settings(self, restart, startup_timeout_s) -> None:
+        self.run_settings.append((restart, startup_timeout_s))
 
     def is_up(self) -> bool:
         return self.up
@@ -109,13 +114,29 @@ def test_another_stack_block_gets_its_own_stack_and_the_idle_one_is_stopped_firs
     assert replaced and "another configuration" in replaced[0]["reason"]
 
 
-def test_a_stack_whose_server_restarted_during_the_run_is_stopped_at_release(pool, tmp_path):
+def test_a_stack_whose_server_was_respeculated_during_the_run_is_stopped_at_release(pool, tmp_path):
     run_dir = tmp_path / "a"
     run_dir.mkdir()
     a = pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl"))
-    a.servers["spec"].incarnation = 1   # the supervisor restarted it (a kill experiment)
+    a.servers["spec"].incarnation = 1   # a draft swap or the breaker restarted it with other settings
+    a.servers["spec"].respeculations.append({"incarnation": 1})
     pool.release(a, run_dir, clean=True)
     assert a.stopped   # never kept idle when it cannot be reused
+
+
+def test_a_healthy_supervised_restart_is_reused_with_the_next_runs_settings(pool, tmp_path):
+    """A kill experiment's restarted server runs the configured settings: the next run gets
+    it, with its own restart policy and startup wait (a whole budget), and so does a block
+    that differs only in run-level fields (restart policy, startup wait, breaker)."""
+    a, _ = run(pool, tmp_path, "a", cfg())
+    a.servers["spec"].incarnation = 1   # the supervisor restarted it (a kill experiment)
+    other = cfg(restart={"max_restarts": 1, "backoff_s": 0.1, "backoff_max_s": 0.2}, startup_timeout_s=42,
+                breaker={"enabled": True})
+    assert stack_key(other) == stack_key(cfg())
+    b, _ = run(pool, tmp_path, "b", other)
+    assert b is a and pool.starts == 1 and pool.reuses == 1
+    restart, startup_s = a.servers["spec"].run_settings[-1]
+    assert restart.max_restarts == 1 and startup_s == 42 and a.cfg is other
 
 
 def test_key_names_one_models_directory_however_written(tmp_path, monkeypatch):
@@ -126,7 +147,9 @@ def test_key_names_one_models_directory_however_written(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("spoil, reason", [
     (lambda stack: None, "its last run did not end clean"),
-    (lambda stack: setattr(stack.servers["spec"], "incarnation", 1), "server spec restarted (incarnation 1)"),
+    (lambda stack: (setattr(stack.servers["spec"], "incarnation", 1),
+                    stack.servers["spec"].respeculations.append({"incarnation": 1})),
+     "server spec was respeculated (incarnation 1 runs other speculative settings than configured)"),
     (lambda stack: setattr(stack.servers["ref"], "up", False), "server ref is down"),
 ])
 def test_an_unfit_stack_is_stopped_and_replaced(pool, tmp_path, spoil, reason):
