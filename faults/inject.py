@@ -129,7 +129,8 @@ class FaultInjector:
         ledger, tl = self.ctx.ledger, self.ctx.timeline
         with self._lock:
             target = fault.describe_target(self.ctx)
-            fault_id = ledger.intend(kind, target, fault.params.model_dump(mode="json"))
+            fault_id = ledger.intend(kind, target, fault.params.model_dump(mode="json"),
+                                     system=system_of(self.ctx.stack))
             fault.fault_id = fault_id
             handle = FaultHandle(fault_id, kind, target, fault)
             self.handles.append(handle)
@@ -280,6 +281,15 @@ class FaultInjector:
             self.clear(handle)
         except Exception as exc:  # noqa: BLE001
             log.error("rolling back failed fault %s also failed: %s", handle.fault_id, _describe(exc))
+
+
+def system_of(stack: Any) -> dict[str, str]:
+    """What a fault on ``stack`` acts against, for the ledger's ``intended`` entry:
+    ``{"launcher": ..., "vllm_version": ...}`` from the stack (``{}`` for no stack; a field
+    the stack does not have is left out)."""
+    if stack is None:
+        return {}
+    return {k: str(getattr(stack, k)) for k in ("launcher", "vllm_version") if getattr(stack, k, None) is not None}
 
 
 def _describe(exc: BaseException) -> str:

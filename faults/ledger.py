@@ -4,13 +4,17 @@ One JSON object per line in ``OUT/ledger.jsonl``, written and ``fsync``'ed befor
 call returns, so a run that crashes (or is SIGKILLed) still leaves what it injected
 on disk for ``specchaos cleanup``. Each line is one state transition of one fault::
 
-    {"t": <epoch s>, "fault_id": str, "event": "intended", "kind": str, "target": str, "params": {...}}
+    {"t": <epoch s>, "fault_id": str, "event": "intended", "kind": str, "target": str, "params": {...},
+     "system": {"launcher": str, "vllm_version": str}}
     {"t": ..., "fault_id": ..., "event": "injected", "facts": {...}}
     {"t": ..., "fault_id": ..., "event": "evidence", "evidence": {"acted": bool, "observations": {...}, "detail": str}}
     {"t": ..., "fault_id": ..., "event": "failed", "error": str}
     {"t": ..., "fault_id": ..., "event": "cleared"}
 
-``intended`` is always written *before* the fault acts. A fault's state is its last
+``intended`` is always written *before* the fault acts; its ``system`` names what the
+fault targets (the stack's launcher and the vLLM version it runs: ``"local"`` and a real
+version for the embedded stack, ``"fake"`` for the test suite's fake vLLM; empty when the
+fault has no stack), so a ledger says whether a fault acted against a real vLLM. A fault's state is its last
 transition among intended, injected, failed and cleared (``evidence`` does not change
 it). A fault is *open* until it is cleared: ``failed`` stays open because a fault that
 raised half-way may have partly acted.
@@ -57,11 +61,13 @@ class Ledger:
                 os.fsync(fh.fileno())
         return entry
 
-    def intend(self, kind: str, target: str, params: dict[str, Any]) -> str:
-        """Record the intent to inject, before anything acts. Returns the new fault id
+    def intend(self, kind: str, target: str, params: dict[str, Any],
+               system: dict[str, str] | None = None) -> str:
+        """Record the intent to inject, before anything acts; ``system``: the targeted stack's
+        ``{"launcher", "vllm_version"}`` (see the module doc). Returns the new fault id
         (``"<kind>-<8 hex>"``)."""
         fault_id = f"{kind}-{uuid.uuid4().hex[:8]}"
-        self._append(fault_id, "intended", kind=kind, target=target, params=params)
+        self._append(fault_id, "intended", kind=kind, target=target, params=params, system=system or {})
         return fault_id
 
     def injected(self, fault_id: str, facts: dict[str, Any]) -> dict[str, Any]:

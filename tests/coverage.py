@@ -1,0 +1,73 @@
+"""Real-stack coverage of the fault families: which families of ``specchaos faults`` acted
+against a real vLLM server during a test run, read from the fault ledgers the run wrote
+(never from a list in the code).
+
+A family counts when a ledger holds an ``intended`` entry of that kind whose ``system`` is a
+real vLLM (a launcher that is not one of the test suite's fakes, and a vLLM version) and an
+``evidence`` entry of the same fault with ``acted`` true. ``make test`` runs its real-stack
+group with ``--real-stack-coverage``: the run ends with the line
+``real-stack coverage: FAMILY FAMILY ...`` and fails when a registered family is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from tests.fakes.stack import FAKE_LAUNCHERS
+
+#: Launchers of the test suite's stand-ins (the fake vLLM under the real supervisor, the
+#: fault tests' ``ServersStack``, the pool tests' stubs): never a real vLLM.
+FAKE = frozenset(FAKE_LAUNCHERS) | {"fake", "stub"}
+
+
+def real_vllm(system: dict | None) -> bool:
+    """Whether a ledger ``system`` (``{"launcher", "vllm_version"}``) is a real vLLM server."""
+    system = system or {}
+    launcher, version = system.get("launcher"), system.get("vllm_version")
+    return bool(launcher) and launcher not in FAKE and bool(version) and version not in ("fake", "unknown")
+
+
+def families_acted(ledgers: Iterable[Path]) -> Counter:
+    """Family → number of faults that acted against a real vLLM, over ``ledgers``
+    (``ledger.jsonl`` files; unreadable lines are skipped: a run killed mid-write)."""
+    acted: Counter = Counter()
+    for path in ledgers:
+        kinds: dict[str, str] = {}
+        seen: set[str] = set()
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            fid = e.get("fault_id")
+            if e.get("event") == "intended" and real_vllm(e.get("system")):
+                kinds[fid] = e.get("kind")
+            elif e.get("event") == "evidence" and fid in kinds and fid not in seen \
+                    and (e.get("evidence") or {}).get("acted") is True:
+                seen.add(fid)
+                acted[kinds[fid]] += 1
+    return acted
+
+
+def ledgers_under(*roots: Path | None) -> list[Path]:
+    """Every ``ledger.jsonl`` under ``roots`` (missing roots are skipped), each once."""
+    found: set[Path] = set()
+    for root in roots:
+        if root is not None and Path(root).is_dir():
+            found.update(p.resolve() for p in Path(root).rglob("ledger.jsonl"))
+    return sorted(found)
+
+
+def coverage_line(acted: Counter, families: Iterable[str]) -> tuple[str, list[str]]:
+    """(the line ``real-stack coverage: ...`` naming the families in ``families`` that acted,
+    the families that did not)."""
+    families = sorted(families)
+    return ("real-stack coverage: " + (" ".join(f for f in families if acted[f]) or "(none)"),
+            [f for f in families if not acted[f]])
