@@ -1,6 +1,10 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    run the default chaos experiment on the embedded CPU stack -> results/latest/
-#   make test   run the test suite (unit, integration against real vLLM, chaos gate)
+#   make test   run the test suite (unit, integration against real vLLM, chaos gate): the tests
+#               that need no real stack in parallel, then the real-stack tests on one shared stack
+#   make test-fast     only the tests that need no real stack (parallel)
+#   make test-nightly  the nightly tier (full-length experiments x3, start refusals, the accuracy
+#                      bench, the property suite's nightly budget)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 MODELS  := models
@@ -8,7 +12,7 @@ OUT     := results/latest
 EXPERIMENT := experiments/kill-draft-worker.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test models run test test-fast cleanup clean
+.PHONY: setup setup-test models run test test-fast test-nightly cleanup clean
 
 setup:
 	@ci/bootstrap.sh
@@ -23,10 +27,13 @@ run: models
 	$(VENV)/bin/specchaos run $(EXPERIMENT) --out $(OUT)
 
 test: setup-test models
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@PYTEST_ARGS="$(PYTEST_ARGS)" ci/test.sh all
 
 test-fast: setup-test models
-	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
+	@PYTEST_ARGS="$(PYTEST_ARGS)" ci/test.sh fast
+
+test-nightly: setup-test models
+	@PYTEST_ARGS="$(PYTEST_ARGS)" ci/test.sh nightly
 
 cleanup:   # after a crash: no reinstall first when the venv exists
 	@[ -x $(VENV)/bin/specchaos ] || ci/bootstrap.sh

@@ -16,7 +16,23 @@ MARKERS = ("VLLM::", "vllm.entrypoints", "locust", "fake_vllm.py", "faults.proxy
 #: before anything starts), so a leak check sees this session's processes — orphans
 #: included — and not those of another run sharing the machine.
 TAG_VAR = "SPECCHAOS_TEST_SESSION"
-TAG = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
+
+
+def _isolate_xdist_worker() -> str:
+    """This process's session tag. Under pytest-xdist each worker gets its own tag and its
+    own state directory (``$SPECCHAOS_STATE_DIR/<worker>``), so a leak check or a
+    ``specchaos cleanup`` in one worker never sees what another worker started."""
+    tag = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not tag.endswith(f"-{worker}"):
+        tag = os.environ[TAG_VAR] = f"{tag}-{worker}"
+        base = Path(os.environ.get("SPECCHAOS_STATE_DIR") or Path.home() / ".local" / "state" / "specchaos")
+        if base.name != worker:
+            os.environ["SPECCHAOS_STATE_DIR"] = str(base / worker)
+    return tag
+
+
+TAG = _isolate_xdist_worker()
 
 
 def _ours(p: psutil.Process) -> bool:
@@ -37,12 +53,14 @@ def sut_pids() -> set[int]:
     return pids
 
 
-def leaked_since(before: set[int], wait_s: float = 20.0) -> list[str]:
+def leaked_since(before: set[int], wait_s: float = 20.0, pool=None) -> list[str]:
     """Processes of the SUT that appeared after ``before`` and are still alive after
-    ``wait_s`` seconds (gives a torn-down tree time to exit). Returns their cmdlines."""
+    ``wait_s`` seconds (gives a torn-down tree time to exit). Returns their cmdlines.
+    ``pool``: a :class:`~harness.stack.pool.StackPool` whose stacks outlive the test (a run
+    on a pooled stack restarts a server: its new processes belong to the pool, not leaked)."""
     deadline = time.monotonic() + wait_s
     while True:
-        new = sut_pids() - before
+        new = sut_pids() - before - (pool.pids() if pool is not None else set())
         alive = []
         for pid in new:
             try:
