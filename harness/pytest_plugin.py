@@ -45,8 +45,9 @@ any error, on nothing selected (one line on stderr), and on pytest's own usage o
 collection errors; a selected hand-written test that failed makes it at least 1. The verdict table (experiment, verdict, failing checks, duration) is
 printed after every run with experiment items, and written as ``<out>/verdicts.json``.
 
-**Fixtures** for hand-written chaos tests (function scope, one run directory per test under
-``<out>/tests/``): ``specchaos_stack_config`` (override it to choose the stack; default
+**Fixtures** for hand-written chaos tests: ``specchaos_pool`` (session scope: the pool
+itself, for tests that borrow stacks their own way), and (function scope, one run directory
+per test under ``<out>/tests/``) ``specchaos_stack_config`` (override it to choose the stack; default
 ``StackConfig(models_dir=<rootdir>/models)``), ``specchaos_stack`` (a started stack from the
 pool), ``specchaos_load`` (the harness's locust load against it), ``specchaos_fault`` (inject
 by kind and params through the fault registry; every fault cleared at teardown).
@@ -81,7 +82,7 @@ from harness.stack.preflight import resolve_models
 from harness.timeline import Timeline
 
 __all__ = ["MARKERS", "EXPERIMENT_SUFFIXES", "outcome_of", "markers_of", "failure_message", "gate_exit_code",
-           "verdict_table"]
+           "verdict_table", "run_root"]
 
 #: The markers this plugin registers; an experiment tag of the same name becomes the marker.
 MARKERS = {
@@ -235,6 +236,13 @@ def pytest_configure(config: pytest.Config) -> None:
     allure_dir = config.getoption("specchaos_allure_dir") or getattr(config.option, "allure_report_dir", None)
     if allure_dir:
         os.environ[ALLURE_ENV] = str(Path(allure_dir).resolve())
+
+
+def run_root(config: pytest.Config) -> Path | None:
+    """The base of this session's run directories (``--specchaos-out``), or None when the
+    plugin is not configured."""
+    st = config.stash.get(_STATE, None)
+    return st.out if st is not None else None
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
@@ -432,6 +440,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 # ---------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def specchaos_pool(request: pytest.FixtureRequest) -> StackPool:
+    """The session's one :class:`~harness.stack.pool.StackPool`, the same that runs the
+    experiment items and ``specchaos_stack``; also the stack provider of every experiment run
+    in this process from now on (:func:`harness.experiment.runner.run` included). Its stacks
+    are stopped at the end of the session."""
+    return request.config.stash[_STATE].get_pool()
+
+
 @pytest.fixture
 def specchaos_run_dir(request: pytest.FixtureRequest) -> Path:
     """This test's run directory: ``<out>/tests/<test name>/`` (logs, timeline, ledger, records)."""

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from harness.stack.config import RestartPolicy, StackConfig
-from harness.stack.local import LocalStack
 from harness.stack.models import build_models
 from harness.stack.ports import free_ports
 from harness.stack.vllm import vllm_distribution
@@ -24,6 +23,66 @@ from tests.fakes import FakeProcess, FakeServer
 ROOT = Path(__file__).resolve().parents[1]
 assert procs.TAG   # tags this session's child processes before any starts (see tests/procs.py)
 property_profiles.register()   # `--hypothesis-profile nightly` works for any selection of tests
+
+
+#: The order of the real-stack tests, by marker: those that start their own servers first
+#: (before the session's pool has started one), then those on the shared stack, then those
+#: that leave it unfit for reuse, the one that stops it last. Tests without ``stack`` run first.
+STACK_ORDER = ("own_stack", None, "respeculates", "stops_stack")
+
+
+def stack_rank(item: pytest.Item) -> int:
+    """0 for a test without the ``stack`` marker, else 1 + its place in :data:`STACK_ORDER`."""
+    if item.get_closest_marker("stack") is None:
+        return 0
+    for rank, marker in enumerate(STACK_ORDER):
+        if marker is not None and item.get_closest_marker(marker) is not None:
+            return 1 + rank
+    return 1 + STACK_ORDER.index(None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Real-stack tests in :data:`STACK_ORDER` (a stable sort: file order within a rank), so
+    the shared stack starts once and is replaced only where a test must leave it unfit."""
+    items.sort(key=stack_rank)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--real-stack-coverage", action="store_true", default=False,
+                     help="end with the line `real-stack coverage: FAMILY ...` (the fault families that acted "
+                          "against a real vLLM server, from the ledgers this run wrote) and fail the run when a "
+                          "family of `specchaos faults` is missing (make test's real-stack group)")
+
+
+_COVERAGE = pytest.StashKey[tuple]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """With ``--real-stack-coverage``: judge the families that acted (:mod:`tests.coverage`)
+    over the ledgers under the session's temporary directory and the plugin's output."""
+    config = session.config
+    if not config.getoption("real_stack_coverage") or exitstatus == pytest.ExitCode.INTERRUPTED:
+        return
+    from faults.registry import REGISTRY
+    from harness.pytest_plugin import run_root
+    from tests.coverage import coverage_line, families_acted, ledgers_under
+
+    acted = families_acted(ledgers_under(config._tmp_path_factory.getbasetemp(), run_root(config)))
+    line, missing = coverage_line(acted, REGISTRY)
+    config.stash[_COVERAGE] = (line, missing)
+    if missing and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    result = config.stash.get(_COVERAGE, None)
+    if result is not None:
+        line, missing = result
+        terminalreporter.write_line(line)
+        if missing:
+            terminalreporter.write_line(f"real-stack coverage: FAILED: no fault of {' '.join(missing)} acted "
+                                        f"against a real vLLM server in this run", red=True)
 
 
 @pytest.fixture
@@ -85,25 +144,39 @@ def models(tmp_path):
     return tmp_path / "models"
 
 
-@pytest.fixture(scope="session")
-def real_stack(tmp_path_factory):
-    """``SimpleNamespace(stack, timeline, run_dir, startup_s)`` of a started LocalStack.
+#: The stack of every real-stack test: the shipped experiments' ``stack`` block (spec with
+#: ``draft-exact``, k=4, and the ``ref`` server; the pool key leaves the run-level fields out),
+#: so the tests and the experiments run in-process share one started stack.
+REAL_STACK = StackConfig(models_dir=str(ROOT / "models"), startup_timeout_s=600)
 
-    Started once per session (both servers), always stopped at the end.
+
+@pytest.fixture(scope="session")
+def stack_home(tmp_path_factory):
+    """``(run_dir, timeline)`` where the real-stack tests' borrowed stacks write: one
+    timeline for the session, so a test reads every ``stack`` event of its module."""
+    run_dir = tmp_path_factory.mktemp("stack-run")
+    return run_dir, Timeline(run_dir / "timeline.jsonl")
+
+
+@pytest.fixture(scope="module")
+def real_stack(request, stack_home):
+    """``SimpleNamespace(stack, timeline, run_dir, startup_s)``: the session's started stack
+    (:data:`REAL_STACK`), borrowed from the plugin's pool (``specchaos_pool``) for one test
+    module and given back at its end, so experiments run in-process between modules reuse it.
+    ``startup_s``: how long the pool took to start it (0.0 when this module reused it).
+
+    A module that leaves the stack unfit (stopped, respeculated, a server down) makes the pool
+    start a fresh one for the next borrower.
     """
     if vllm_distribution() is None:
         pytest.skip("vLLM is not installed")
-    models = ROOT / "models"
-    build_models(models)   # seconds; skipped when models/manifest.json verifies
-    run_dir = tmp_path_factory.mktemp("stack-run")
-    timeline = Timeline(run_dir / "timeline.jsonl")
-    cfg = StackConfig(models_dir=str(models), startup_timeout_s=600,
-                      restart=RestartPolicy(max_restarts=2, backoff_s=0.5, backoff_max_s=2.0))
-    stack = LocalStack(cfg, run_dir, timeline=timeline)
-    t0 = time.monotonic()
-    stack.start()
-    ns = SimpleNamespace(stack=stack, timeline=timeline, run_dir=run_dir, startup_s=time.monotonic() - t0)
+    build_models(ROOT / "models")   # seconds; skipped when models/manifest.json verifies
+    pool = request.getfixturevalue("specchaos_pool")
+    run_dir, timeline = stack_home
+    starts, t0 = pool.starts, time.monotonic()
+    stack = pool.acquire(REAL_STACK, run_dir, timeline)
+    startup_s = time.monotonic() - t0 if pool.starts > starts else 0.0
     try:
-        yield ns
+        yield SimpleNamespace(stack=stack, timeline=timeline, run_dir=run_dir, startup_s=startup_s)
     finally:
-        stack.stop()
+        pool.release(stack, run_dir, clean=True)
