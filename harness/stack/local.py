@@ -67,6 +67,7 @@ from harness.stack.models import resolve_model
 from harness.stack.ports import free_ports, wait_port_free
 from harness.stack.preflight import check_stack
 from harness.stack.reaper import reaper
+from harness.stack.warmup import warm_up
 from harness.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -927,6 +928,8 @@ class LocalStack:
             for s in self.servers.values():
                 left = max(1.0, cfg.startup_timeout_s - (time.monotonic() - t0))
                 s.wait_ready(left)
+            warm_up(self.servers, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
+                    timeline=self.timeline)   # vLLM's one-time costs, paid here once (harness.stack.warmup)
         except BaseException:
             self.stop()
             raise
