@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = report_.get("verdict") if report_ else "error (no report.json)"
                 print(f"{f.stem} {i}/{args.repeats}: {verdict} (exit {code}) in {wall:.1f} s", flush=True)
     except (Interrupted, KeyboardInterrupt):
-        print(f"verdict_stability: error: interrupted; the finished runs are in {out}", file=sys.stderr)
+        print(f"verdict_stability: error: interrupted; the finished runs are in {out} (the interrupted one, "
+              f"its partial report beside them, is left out)", file=sys.stderr)
         if runs:
             print(render(summarize(runs)))
         return 2
