@@ -133,3 +133,21 @@ def test_a_saved_set_with_configured_bucket_names_loads(tmp_path):
     ps = [Prompt(0, "k1", "some text", 3, 4), Prompt(1, "xl", "more text", 3, 4)]
     save_prompt_set(tmp_path / "p.json", ps)
     assert load_prompt_set(tmp_path / "p.json") == ps
+
+
+def test_token_counts_equal_transformers_counts_special_tokens_included(tiny_tokenizer_dir):
+    """The counter reads tokenizer.json with ``tokenizers`` (no transformers import); its counts
+    are transformers' AutoTokenizer's, the BOS the post-processor adds included."""
+    from transformers import AutoTokenizer
+
+    count = load_token_counter(tiny_tokenizer_dir)
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    texts = ["", "a", "the quick brown fox", " leading space", "émoji ✓ and\nnew lines", "word " * 50]
+    assert [count(t) for t in texts] == [len(tok(t, add_special_tokens=True)["input_ids"]) for t in texts]
+    assert count("") == 1   # the BOS alone
+
+
+def test_a_broken_tokenizer_json_is_a_model_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelError, match="cannot load tokenizer.json"):
+        load_token_counter(tmp_path)
