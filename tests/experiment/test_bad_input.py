@@ -1,8 +1,12 @@
 """Bad input: one clear line naming what and where, exit 2, nothing started or injected.
-These run the real CLI in a subprocess; none of them may start a server."""
+These run the real CLI's commands in this process (:func:`cli`: typer's runner, stdout and
+stderr captured apart); none of them may start a server. The CLI's own process, exit code
+and signals are tested through a subprocess in tests/test_cli.py and the real-stack run of
+tests/experiment/test_memory_pressure.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -19,9 +23,17 @@ EXPERIMENT = ROOT / "experiments" / "kill-draft-worker.yaml"
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    """``specchaos ARGS`` in this process, from ``cwd``: its exit code and what it wrote to
+    stdout and stderr, apart (as a subprocess would give them; a validation error costs no
+    interpreter start). An exception the command did not turn into an exit code (a bug) is
+    raised."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    with contextlib.chdir(cwd):
+        res = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(["specchaos", *args], res.exit_code, res.stdout, res.stderr)
 
 
 def doc() -> dict:
