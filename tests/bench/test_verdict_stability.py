@@ -214,12 +214,17 @@ def test_two_repeats_on_the_fake_vllm_end_to_end(tmp_path):
 
 @pytest.mark.nightly
 @pytest.mark.stack
+@pytest.mark.own_stack   # its runs start their own stacks: before the session's pool starts one
 @pytest.mark.timeout(7200)
 def test_every_shipped_experiment_gives_the_same_verdict_three_times(tmp_path):
     """Every ``experiments/*.yaml`` with its own phases, three runs each on the real stack:
-    the same verdict every time (exit 0). The table (with the baseline p50 spreads) is printed."""
+    the same verdict every time (exit 0), and never ``error`` (a run that could not be judged
+    is no verdict a gate can use). The table (with the baseline p50 spreads) is printed."""
     p = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "3", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=7100, cwd=ROOT)
     print(p.stdout)
     print(p.stderr[-3000:], file=sys.stderr)
     assert p.returncode == 0, p.stdout[-6000:]
+    rows = json.loads((tmp_path / "out" / "stability.json").read_text())["rows"]
+    errors = {r["experiment"]: r["verdicts"] for r in rows if "error" in r["verdicts"]}
+    assert not errors, errors
