@@ -31,8 +31,11 @@ class CheckResult:
         passed: the verdict: True, False, or None when the check was **not judged** (its
             data is too thin to judge fairly, e.g. a p95 resting on fewer requests than
             ``metrics.min_samples``): neither passed nor failed, shown in the report with
-            the reason in ``detail`` and left out of the verdict. A check with nothing at
-            all to judge (e.g. no request in a phase) fails; it never passes vacuously.
+            the reason in ``detail`` and left out of the verdict. A check whose question
+            did not arise in this run, often by timing (no request in flight at a kill, no
+            /health sample during one), is not judged too. A check whose missing data is
+            itself the finding fails (no complete request in a phase, too few responses
+            compared: the SLO and ``coverage`` checks). No check passes vacuously.
         observed: the measured value (seconds for ``*_s`` names), or None if unmeasurable.
         limit: the limit it was held to, or None.
         detail: one human sentence (e.g. the first divergence of a mismatched output).

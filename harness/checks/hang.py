@@ -178,13 +178,14 @@ def hang_checks(summary: dict[str, Any]) -> list[CheckResult]:
     :func:`stall_summary`: observed = the longest stall (seconds; 0 when an output chunk
     arrived whenever requests were in flight), limit ``max_stall_s``; fails when a stall
     is longer. Its detail names the detection time (epoch s and seconds after the
-    fault), the requests in flight then and when the stall began. With no request in
-    flight at all it fails: nothing to judge."""
+    fault), the requests in flight then and when the stall began. With no load request
+    at all it is not judged (``passed`` None): nothing could stall, and a load that sent
+    nothing is the coverage checks' failure (``coverage.<phase>.requests``), not a hang."""
     s = summary
     limit, longest = s["max_stall_s"], s["longest_stall_s"]
     if not s["requests_judged"]:
-        return [CheckResult("hang.longest_stall_s", "hang", False, None, limit,
-                            "no load request was in flight: nothing to judge")]
+        return [CheckResult.not_judged("hang.longest_stall_s", "hang", None, limit,
+                                       "no load request was in flight: nothing to judge")]
     if s["detected_at"] is None:
         detail = ("no stall: an output chunk arrived whenever requests were in flight" if longest is None else
                   f"longest stall {longest:.3g} s (≤ {limit:g} s) from {s['longest_stall_start']:.3f}, "

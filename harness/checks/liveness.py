@@ -22,6 +22,7 @@ Definitions (instants epoch seconds, durations seconds):
 
 The check ``liveness.health_lie_s`` fails when the longest lie is longer than
 ``liveness.max_health_lie_s``; observed = that lie in seconds, its start in the detail.
+It is not judged (N/J) when no health sample was taken while requests were in flight.
 A server that is down and refuses connections does not lie (its samples have no
 answer, and its requests fail at once); a slow but working server does not lie either
 (output keeps arriving, so no stall grows).
@@ -116,13 +117,16 @@ def health_lie(records: Iterable[RequestRecord], events: Iterable[dict[str, Any]
 def liveness_checks(lie: dict[str, Any]) -> list[CheckResult]:
     """The check ``liveness.health_lie_s`` (category ``"liveness"``) from a
     :func:`health_lie` result: observed = the longest lie (seconds), limit
-    ``max_health_lie_s``; fails when it is longer, and when no health sample was taken
-    while requests were in flight (nothing to judge)."""
+    ``max_health_lie_s``; fails when it is longer. When no health sample was taken while
+    requests were in flight it is not judged (``passed`` None): whether the sampler's
+    ticks met a request in flight is a matter of timing (e.g. every request failed fast
+    while the server was down), and /health cannot lie about a stall no request was in."""
     limit, lie_s = lie["max_health_lie_s"], lie["longest_health_lie_s"]
     name = "liveness.health_lie_s"
     if lie_s is None:
-        return [CheckResult(name, "liveness", False, None, limit,
-                            f"no /health sample of {lie['server']} while requests were in flight: nothing to judge")]
+        return [CheckResult.not_judged(name, "liveness", None, limit,
+                                       f"no /health sample of {lie['server']} while requests were in flight: "
+                                       f"nothing to judge")]
     if lie["start"] is None:
         return [CheckResult(name, "liveness", True, 0.0, limit,
                             f"/health of {lie['server']} never answered 200 during a stall "

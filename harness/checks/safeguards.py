@@ -42,7 +42,7 @@ from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, ttft_s
 
 __all__ = ["SOURCE", "ABORT_PREFIX", "Obs", "Breach", "observations", "window_value", "scan", "find_breach",
-           "armed_windows", "abort_event", "abort_summary", "check", "section"]
+           "armed_windows", "fullest_window", "abort_event", "abort_summary", "check", "section"]
 
 #: Timeline source of the live monitor's events.
 SOURCE = "safeguards"
@@ -271,12 +271,25 @@ def abort_summary(events: Sequence[dict[str, Any]], fault_time: float | None) ->
     return out
 
 
-def _breaches(run: RecordedRun) -> dict[str, Breach | None]:
+def fullest_window(obs: Sequence[Obs], sg: SafeguardConfig, armed: Sequence[tuple[float, float]]) -> int:
+    """The most requests any judged window of ``sg`` rested on: the largest ``n`` of
+    :func:`window_value` over windows ending at a request's end inside ``armed`` (a
+    window's count only grows when a request ends in it); 0 when nothing ended there."""
+    ends = [o.end for o in obs]
+    most = 0
+    for a, b in armed:
+        for e in ends[bisect.bisect_right(ends, a):bisect.bisect_right(ends, b)]:
+            most = max(most, window_value(obs, sg.metric, max(a, e - sg.window_s), e, ends)[1])
+    return most
+
+
+def _breaches(run: RecordedRun) -> dict[str, tuple[Breach | None, list[tuple[float, float]], list[Obs]]]:
     if "safeguards.breaches" not in run.memo:
         sgs = list(getattr(run.limits, "safeguards", []) or [])
         obs = observations(run.records)
         end = max([e["t"] for e in run.events] or [0.0])
-        run.memo["safeguards.breaches"] = {sg.label: find_breach(obs, sg, armed_windows(run.events, sg.phases, end))
+        armed = {sg.label: armed_windows(run.events, sg.phases, end) for sg in sgs}
+        run.memo["safeguards.breaches"] = {sg.label: (find_breach(obs, sg, armed[sg.label]), armed[sg.label], obs)
                                            for sg in sgs}
     return run.memo["safeguards.breaches"]
 
@@ -284,16 +297,30 @@ def _breaches(run: RecordedRun) -> dict[str, Breach | None]:
 def check(run: RecordedRun) -> list[CheckResult]:
     """One check per configured safeguard, ``safeguards.<name>``: passes when the
     recorded load never breached it while the monitor watched (re-derived with
-    :func:`find_breach`); none without safeguards."""
+    :func:`find_breach`); none without safeguards. Without a breach it is **not judged**
+    (``passed`` None, never a vacuous pass) when the monitor never watched its phases, or
+    when no window there held ``min_requests`` requests (a window that thin can never
+    breach, :class:`~harness.checks.config.SafeguardConfig`)."""
     out = []
     sgs = {sg.label: sg for sg in (getattr(run.limits, "safeguards", []) or [])}
     aborted = abort_event(run.events)
-    for name, br in _breaches(run).items():
+    for name, (br, armed, obs) in _breaches(run).items():
         sg = sgs[name]
         limit = f"{sg.metric} <= {sg.limit:g} (window {sg.window_s:g} s, for {sg.for_s:g} s)"
         if br is None:
-            out.append(CheckResult(f"safeguards.{name}", "safeguards", True, None, limit,
-                                   f"{sg.metric} never stayed over {sg.limit:g} for {sg.for_s:g} s in {sg.phases}"))
+            most = fullest_window(obs, sg, armed)
+            if not armed:
+                out.append(CheckResult.not_judged(f"safeguards.{name}", "safeguards", None, limit,
+                                                  f"the safeguards monitor never watched {sg.phases}"))
+            elif most < sg.min_requests:
+                out.append(CheckResult.not_judged(
+                    f"safeguards.{name}", "safeguards", None, limit,
+                    f"no {sg.window_s:g} s window in {sg.phases} held min_requests {sg.min_requests} requests "
+                    f"with a {sg.metric} (at most {most}): too few to judge"))
+            else:
+                out.append(CheckResult(f"safeguards.{name}", "safeguards", True, None, limit,
+                                       f"{sg.metric} never stayed over {sg.limit:g} for {sg.for_s:g} s in "
+                                       f"{sg.phases} (windows of up to {most} requests)"))
             continue
         acted = aborted is not None and aborted.get("safeguard") == name
         out.append(CheckResult(f"safeguards.{name}", "safeguards", False, br.observed, limit,
@@ -308,5 +335,5 @@ def section(run: RecordedRun) -> dict[str, Any]:
     (:func:`abort_summary`; None when the run was not aborted)."""
     sgs = list(getattr(run.limits, "safeguards", []) or [])
     return {"configured": [sg.model_dump() | {"name": sg.label} for sg in sgs],
-            "breaches": {k: (None if v is None else v.to_dict()) for k, v in _breaches(run).items()},
+            "breaches": {k: (None if br is None else br.to_dict()) for k, (br, _, _) in _breaches(run).items()},
             "abort": abort_summary(run.events, run.fault_time)}

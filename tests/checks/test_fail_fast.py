@@ -50,10 +50,55 @@ def test_all_in_flight_completed_passes():
     assert c["fail_fast.error_latency_s"].passed and c["fail_fast.error_latency_s"].observed is None
 
 
-def test_nothing_in_flight_fails_with_clear_detail():
+def test_nothing_in_flight_is_not_judged_with_the_reason():
+    """Issue 17: whether a request was in flight at the kill is timing; a fault that caught
+    no request is N/J (neither passed nor failed), never a failure."""
     checks = fail_fast_checks([make_record(send_time=990.0), make_record(send_time=1001.0)], FAULT, FF)
-    assert len(checks) == 2 and not any(c.passed for c in checks)
-    assert all("nothing to judge" in c.detail for c in checks)
+    assert [c.name for c in checks] == ["fail_fast.hung", "fail_fast.error_latency_s"]
+    assert all(c.passed is None and not c.judged and not c.failed for c in checks)
+    assert all(c.detail.startswith("not judged: ") and "no request was in flight" in c.detail for c in checks)
+    assert checks[1].limit == 5.0 and checks[1].observed is None
+
+
+def test_nothing_in_flight_leaves_a_passing_run_passing():
+    """A kill that caught no request: the fail-fast checks are N/J, the fault acted and
+    every other check passed, so the verdict is still "pass" (and a run where nothing at
+    all was judged is an error, never a pass)."""
+    from harness.checks.base import CheckResult
+    from harness.checks.verdict import verdict
+
+    ff = fail_fast_checks([make_record(send_time=990.0)], FAULT, FF)
+    others = [CheckResult("hang.longest_stall_s", "hang", True, 0.1, 5.0)]
+    assert verdict(ff + others, fault_acted=True, errors=[]) == "pass"
+    assert verdict(ff, fault_acted=True, errors=[]) == "error"
+
+
+def test_nothing_in_flight_through_a_recorded_run():
+    """The recorded-run path (check + section): a kill with no request in flight gives two
+    N/J checks and a section that says 0 in flight, no latency."""
+    from harness.checks import fail_fast
+    from harness.checks.run import recorded_run
+    from harness.experiment.config import SpecchaosConfig
+    from tests.factories import ev
+
+    events = [ev(FAULT, "fault_injected", source="fault", fault_id="k", kind="process-kill",
+                 target="spec/worker", recovery_from="injected")]
+    ended_before = make_record(send_time=998.0, ttft=0.05)            # ended well before the kill
+    run = recorded_run([ended_before, make_record(send_time=1002.0, ttft=0.05)], [], events, SpecchaosConfig())
+    checks = fail_fast.check(run)
+    assert len(checks) == 2 and all(not c.judged for c in checks)
+    sec = fail_fast.section(run)
+    assert sec["in_flight"] == 0 and sec["worst_error_latency_s"] is None
+
+
+def test_in_flight_hung_and_late_error_still_fail():
+    """The defect the check exists for is unchanged by N/J: requests in flight at the
+    kill that hang, or end in error after the limit, fail."""
+    hung = fail_fast_checks([fail(send_time=999.0, after_s=None)], FAULT, FF)
+    late = fail_fast_checks([fail(send_time=999.5, after_s=6.0, status=None, error="timeout")], FAULT, FF)
+    assert all(c.failed for c in hung)
+    h, lat = late
+    assert h.passed is True and lat.failed and lat.observed == pytest.approx(5.5)
 
 
 def test_with_several_faults_fail_fast_is_judged_at_the_kill():

@@ -80,9 +80,10 @@ def test_stall_boundaries():
     assert stalls([a, b, c], 101.0) == [Stall(100.0, 100.5, "output"), Stall(100.5, 101.0, "end")]
 
 
-def test_nothing_in_flight_is_nothing_to_judge():
+def test_nothing_in_flight_is_not_judged():
     (c,) = hang_checks(stall_summary([], None, HC))
-    assert not c.passed and c.observed is None and "nothing to judge" in c.detail
+    assert c.passed is None and not c.judged and c.observed is None
+    assert c.detail.startswith("not judged: ") and "nothing to judge" in c.detail
 
 
 def test_check_and_section_through_a_recorded_run():

@@ -71,8 +71,8 @@ def test_a_killed_and_restarted_server_is_not_a_lie():
 def test_health_of_another_server_or_outside_the_load_is_not_judged():
     recs = users(970, 1030, freeze=(FAULT, 1010.0))
     c, lie = judged(recs, run_events(health(970.1, 1030, server="ref"), health(1030.5, 1040)))
-    assert not c.passed and c.observed is None and lie["health_samples_judged"] == 0
-    assert "nothing to judge" in c.detail
+    assert c.passed is None and not c.judged and c.observed is None and lie["health_samples_judged"] == 0
+    assert c.detail.startswith("not judged: ") and "nothing to judge" in c.detail
 
 
 def test_check_and_section_through_a_recorded_run():

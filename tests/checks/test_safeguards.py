@@ -147,3 +147,37 @@ def test_observations_skip_unended_requests():
     assert observations([fail(after_s=None)]) == []
     (o,) = observations([fail(send_time=5.0, after_s=0.5)])
     assert o == Obs(5.5, True, None, None)
+
+
+def _judged_safeguard(records, events, **sg):
+    from harness.checks import safeguards
+    from harness.checks.run import recorded_run
+    from harness.experiment.config import SpecchaosConfig
+
+    cfg = SpecchaosConfig(safeguards=[dict(metric="error_rate", limit=0.5, window_s=2, for_s=2, min_requests=3) | sg])
+    (c,) = safeguards.check(recorded_run(records, [], events, cfg))
+    return c
+
+
+MONITORED = [ev(100, "phase_start", phase="fault"), ev(100, "safeguards_armed", source="safeguards"),
+             ev(130, "safeguards_disarmed", source="safeguards")]
+
+
+def test_a_quiet_safeguard_with_full_windows_passes_and_a_breach_fails():
+    c = _judged_safeguard(load(100, 130), MONITORED)
+    assert c.passed is True and "windows of up to 16 requests" in c.detail
+    c = _judged_safeguard(load(100, 130, failing=(110, 120)), MONITORED)
+    assert c.failed and c.observed == pytest.approx(1.0)
+
+
+def test_a_safeguard_with_nothing_to_judge_is_not_judged_never_a_vacuous_pass():
+    """No window ever held ``min_requests`` requests (or the monitor never watched the
+    phase): the safeguard could not have breached, so it is N/J with the reason."""
+    sparse = load(100, 130)[::32]                                  # one request every 4 s: 1 per 2 s window
+    c = _judged_safeguard(sparse, MONITORED)
+    assert c.passed is None and not c.judged
+    assert c.detail.startswith("not judged: ") and "min_requests 3" in c.detail and "at most 1" in c.detail
+    c = _judged_safeguard(load(100, 130), MONITORED[:1])           # never armed
+    assert c.passed is None and "never watched" in c.detail
+    c = _judged_safeguard(load(100, 130), MONITORED, phases=["after"])   # the after phase never ran
+    assert c.passed is None and "never watched" in c.detail
