@@ -210,6 +210,9 @@ class LocalServer:
         self.port = int(port)
         self.model = served_model_name or self.model_dir.name
         self.speculative_config = dict(speculative_config) if speculative_config else None
+        #: The speculative settings it was started with (as :attr:`speculative`): a planned
+        #: restart (:meth:`respeculate`) changes :attr:`speculative`, never this.
+        self.configured_speculative = settings_of(self.speculative_config)
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.kv_cache_gib = kv_cache_gib

@@ -20,11 +20,13 @@ and stops it, exactly as before. :class:`StackPool` is the provider of the pytes
   this pool started so far, ``stack_dir``) before anything else of the run acts.
 * **reuse only when fit**: the previous run released it *clean* (its fault ledger had no
   open fault, no cleanup step failed, no signal interrupted it), every server is up and runs
-  the configured speculative settings (no planned respeculation happened; a healthy
-  supervised restart after a kill is fine: the next run gets the whole
-  ``restart.max_restarts`` budget again), and each server answers ``GET /health`` 200 and a
-  1-token greedy completion within :data:`PROBE_TIMEOUT_S`. Otherwise the stack is stopped
-  and a fresh one started (``stack_replaced`` on the run's timeline, with the ``reason``).
+  the speculative settings it was started with (a draft swap that was rolled back is fine; a
+  breaker left on plain decoding is not), and each server answers ``GET /health`` 200 and a
+  1-token greedy completion within :data:`PROBE_TIMEOUT_S`. A healthy supervised restart
+  is fine: the next run gets the whole ``restart.max_restarts`` budget again; a server still
+  restarting when its run ends clean is waited for at release (its startup wait at most: a
+  restart costs one server's start, a fresh stack both). Otherwise the stack is stopped and
+  a fresh one started (``stack_replaced`` on the run's timeline, with the ``reason``).
 * **crash safety**: each pooled stack has its own run state file (:mod:`harness.state`),
   rewritten with its live process trees at start and at every release, so ``specchaos
   cleanup`` finds it after a crash between runs; :meth:`StackPool.close` stops every stack
@@ -40,6 +42,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -171,7 +174,7 @@ class StackPool:
             p.busy, p.clean = False, clean
             _rebind(stack, p.idle_timeline)
             why = ("its run did not end clean" if not clean else "the pool is closed" if self._closed
-                   else _unfit_state(p.stack))
+                   else _settle(p.stack) or _unfit_state(p.stack))
             if why is not None:   # never kept idle when it cannot be reused
                 log.info("stopping the stack %s: %s", p.stack_dir.name, why)
                 self._stop(p)
@@ -226,14 +229,41 @@ class StackPool:
         return None
 
 
+#: Seconds between two looks at a server that is settling (:func:`_settle`).
+SETTLE_POLL_S = 0.2
+
+
+def _settle(stack: Any) -> str | None:
+    """Wait until every server has settled: ready, with no planned restart asked for and not
+    yet done (``settled_at()`` not None: a supervised restart after a kill, or a draft swap's
+    rollback, still under way when the run ended), each within its startup wait (seconds).
+    None when all settled; else why not (the stack is then not kept). Servers without
+    ``settled_at`` are taken as they are."""
+    for name, server in stack.servers.items():
+        settled_at = getattr(server, "settled_at", None)
+        if settled_at is None or settled_at() is not None:
+            continue
+        log.info("waiting for server %s to settle (a restart under way) before keeping the stack", name)
+        deadline = time.monotonic() + float(getattr(server, "startup_timeout_s", 300.0))
+        while settled_at() is None:
+            state = getattr(server, "state", "")
+            if state in ("failed", "gave_up", "stopped"):
+                return f"server {name} is {state}"
+            if time.monotonic() > deadline:
+                return f"server {name} did not settle within its startup wait"
+            time.sleep(SETTLE_POLL_S)
+    return None
+
+
 def _unfit_state(stack: Any) -> str | None:
     """Why ``stack`` cannot be reused from its servers' state alone (other speculative
-    settings than configured, a server not up), or None; no request is sent. A supervised
-    restart alone does not make it unfit: the restarted server runs the configured settings."""
+    settings than it was started with, a server not up), or None; no request is sent. A
+    supervised restart alone does not make it unfit: the restarted server runs them."""
     for name, server in stack.servers.items():
-        if getattr(server, "respeculations", None):
-            return (f"server {name} was respeculated (incarnation {server.incarnation} runs other "
-                    f"speculative settings than configured)")
+        configured = getattr(server, "configured_speculative", None)
+        if configured is not None and server.speculative != configured:
+            return (f"server {name} runs other speculative settings than it was started with "
+                    f"({server.speculative}, incarnation {server.incarnation})")
         is_up = getattr(server, "is_up", None)
         if is_up is not None and not is_up():
             return f"server {name} is {getattr(server, 'state', 'down')}"

@@ -21,8 +21,16 @@ class StubServer:
         self.name, self.log_path = name, log_path
         self.base_url, self.model = "http://127.0.0.1:9", "target"
         self.incarnation, self.timeline, self.up = 0, None, True
-        self.respeculations: list = []
+        self.configured_speculative = self.speculative = {"method": "draft_model"}
+        self.state = "ready"
         self.run_settings: list = []
+        self.looks = 0
+
+    def settled_at(self):   # a restart under way finishes at the second look
+        self.looks += 1
+        if self.state == "restarting" and self.looks > 1:
+            self.state = "ready"
+        return 1.0 if self.state == "ready" else None
 
     def take_run_settings(self, restart, startup_timeout_s) -> None:
         self.run_settings.append((restart, startup_timeout_s))
@@ -114,14 +122,31 @@ def test_another_stack_block_gets_its_own_stack_and_the_idle_one_is_stopped_firs
     assert replaced and "another configuration" in replaced[0]["reason"]
 
 
-def test_a_stack_whose_server_was_respeculated_during_the_run_is_stopped_at_release(pool, tmp_path):
+def test_a_stack_left_on_other_speculative_settings_is_stopped_at_release(pool, tmp_path):
     run_dir = tmp_path / "a"
     run_dir.mkdir()
     a = pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl"))
-    a.servers["spec"].incarnation = 1   # a draft swap or the breaker restarted it with other settings
-    a.servers["spec"].respeculations.append({"incarnation": 1})
+    a.servers["spec"].incarnation = 1   # the breaker restarted it on plain decoding
+    a.servers["spec"].speculative = {"method": None}
     pool.release(a, run_dir, clean=True)
     assert a.stopped   # never kept idle when it cannot be reused
+
+
+def test_a_server_still_restarting_at_release_is_waited_for_and_kept(pool, tmp_path):
+    """A run aborted right after a kill ends while the supervisor restarts the server: the
+    pool waits for the restart (one server's start) instead of starting a whole stack later;
+    a draft swap rolled back (the configured settings again) is reusable too."""
+    a, _ = run(pool, tmp_path, "a", cfg())
+    spec = a.servers["spec"]
+    assert not a.stopped
+    run_dir = tmp_path / "b"
+    run_dir.mkdir()
+    assert pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl")) is a
+    spec.incarnation, spec.state, spec.looks = 2, "restarting", 0   # swapped and back, then killed
+    pool.release(a, run_dir, clean=True)
+    assert spec.looks == 2 and spec.state == "ready" and not a.stopped   # not settled, then settled
+    c, _ = run(pool, tmp_path, "c", cfg())
+    assert c is a and pool.starts == 1
 
 
 def test_a_healthy_supervised_restart_is_reused_with_the_next_runs_settings(pool, tmp_path):
@@ -148,9 +173,10 @@ def test_key_names_one_models_directory_however_written(tmp_path, monkeypatch):
 @pytest.mark.parametrize("spoil, reason", [
     (lambda stack: None, "its last run did not end clean"),
     (lambda stack: (setattr(stack.servers["spec"], "incarnation", 1),
-                    stack.servers["spec"].respeculations.append({"incarnation": 1})),
-     "server spec was respeculated (incarnation 1 runs other speculative settings than configured)"),
-    (lambda stack: setattr(stack.servers["ref"], "up", False), "server ref is down"),
+                    setattr(stack.servers["spec"], "speculative", {"method": None})),
+     "server spec runs other speculative settings than it was started with ({'method': None}, incarnation 1)"),
+    (lambda stack: (setattr(stack.servers["ref"], "up", False), setattr(stack.servers["ref"], "state", "gave_up")),
+     "server ref is gave_up"),
 ])
 def test_an_unfit_stack_is_stopped_and_replaced(pool, tmp_path, spoil, reason):
     clean = "clean" not in reason
