@@ -123,6 +123,9 @@ def real_vllm():
 
 
 @pytest.mark.stack
+@pytest.mark.nightly     # ci/gate.sh's own pytest starts its own stack (about 2 minutes): nightly; in make
+@pytest.mark.own_stack   # test: the gate's exit codes (above, tests/ci/test_plugin.py), the pool's reuse
+                         # (tests/ci/test_pool.py), the experiments on the shared stack (tests/experiment)
 def test_gate_fails_on_an_impossible_limit_with_both_runs_on_one_stack(real_vllm, tmp_path):
     out = tmp_path / "out"
     proc = gate(str(SHORT), str(_impossible(tmp_path)), str(EXAMPLE), SPECCHAOS_GATE_OUT=str(out),
@@ -155,6 +158,8 @@ def test_gate_fails_on_an_impossible_limit_with_both_runs_on_one_stack(real_vllm
 
 
 @pytest.mark.stack
+@pytest.mark.nightly
+@pytest.mark.own_stack
 def test_gate_passes_when_every_gate_experiment_passes(real_vllm, tmp_path):
     out = tmp_path / "out"
     proc = gate(str(SHORT), SPECCHAOS_GATE_OUT=str(out), SPECCHAOS_GATE_ALLURE=str(tmp_path / "allure"))
