@@ -113,7 +113,7 @@ def load_token_counter(tokenizer_dir: str | os.PathLike) -> Callable[[str], int]
                          hint="build the tiny models first (models/manifest.json)")
     if (d / "tokenizer.json").is_file():
         try:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # deferred: only needed to build a prompt set
 
             fast = Tokenizer.from_file(str(d / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception subclasses

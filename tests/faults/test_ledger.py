@@ -31,7 +31,8 @@ def test_intent_is_on_disk_at_once_and_evidence_keeps_state(tmp_path):
     led = Ledger(path)
     fid = led.intend("k", "t", {})
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    assert lines == [{"t": lines[0]["t"], "fault_id": fid, "event": "intended", "kind": "k", "target": "t", "params": {}}]
+    assert lines == [{"t": lines[0]["t"], "fault_id": fid, "event": "intended", "kind": "k", "target": "t", "params": {},
+                     "system": {}}]
     led.injected(fid, {})
     led.evidence(fid, Evidence(False))
     assert led.entries()[0]["state"] == "injected"
