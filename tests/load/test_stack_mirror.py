@@ -32,7 +32,7 @@ pytestmark = pytest.mark.stack
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SAMPLING = [{"name": "greedy", "weight": 1}, {"name": "t07p09", "temperature": 0.7, "top_p": 0.9, "weight": 1}]
-LOAD_S = 40.0
+LOAD_S = 15.0   # about 100 requests per server at 4 users: every group of the section has some
 
 
 def test_mirror_on_the_real_stack(real_stack, tmp_path):
