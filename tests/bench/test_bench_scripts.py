@@ -175,6 +175,8 @@ def test_loadgen_capacity_quick():
 
 
 @pytest.mark.stack
+@pytest.mark.nightly
+@pytest.mark.own_stack
 @pytest.mark.timeout(900)
 def test_accuracy_quick():
     p = subprocess.run([sys.executable, str(BENCH / "accuracy.py"), "--quick"], capture_output=True, text=True,

@@ -1,5 +1,7 @@
 """The experiment files under test, as editable documents: load one with the built tiny
-models, change it, write it to a temporary directory for the CLI."""
+models, change it, write it to a temporary directory; run it through the CLI (its own
+process) or in this process on the session's shared stack (:func:`run_pooled`), in the CI
+form (:func:`ci_form`) that ``make test`` uses."""
 
 from __future__ import annotations
 
@@ -22,6 +24,39 @@ def experiment_doc(name: str) -> dict:
     d = yaml.safe_load((EXPERIMENTS / name).read_text())
     d["configuration"]["specchaos"]["stack"]["models_dir"] = str(MODELS)
     return d
+
+
+#: The CI form of a shipped experiment's phases (seconds), used by every real-stack experiment
+#: test of ``make test``: the full-length experiments run in the nightly tier. Long enough for
+#: each phase's checks to judge (about 40 requests per phase at 4 users) and so to fail.
+CI_PHASES = {"warmup_s": 2, "baseline_s": 10, "after_s": 8}
+#: Responses compared with the reference that the CI form asks for (``integrity.min_compared``).
+CI_MIN_COMPARED = 10
+
+
+def ci_form(d: dict, **fault_arguments) -> dict:
+    """``d`` (an experiment document) in its CI form: :data:`CI_PHASES`,
+    :data:`CI_MIN_COMPARED`, and ``fault_arguments`` (e.g. ``duration_s=8``) set on the
+    method's first action. Changes ``d`` in place and returns it."""
+    spec = d["configuration"]["specchaos"]
+    spec["phases"].update(CI_PHASES)
+    spec.setdefault("integrity", {})["min_compared"] = CI_MIN_COMPARED
+    if fault_arguments:
+        d["method"][0]["provider"].setdefault("arguments", {}).update(fault_arguments)
+    return d
+
+
+def run_pooled(exp: Path, out: Path) -> tuple[int, dict]:
+    """Run ``exp`` in this process through the runner (:func:`harness.experiment.runner.run`)
+    on a stack from the session's pool: the test must ask for the ``specchaos_pool`` fixture
+    (it makes the pool the stack provider). Prints the wall time. Returns (exit code 0/1/2,
+    report.json)."""
+    from harness.experiment.runner import run
+
+    t0 = time.monotonic()
+    code, report = run(exp, out)
+    print(f"{exp.name} wall time (in-process, pooled stack): {time.monotonic() - t0:.0f} s")
+    return code, report if report is not None else json.loads((out / "report.json").read_text())
 
 
 def run_cli(exp: Path, out: Path) -> tuple[subprocess.CompletedProcess, dict]:

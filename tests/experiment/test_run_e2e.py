@@ -1,4 +1,4 @@
-"""End to end on real parts: `specchaos run` of the default experiment against a real
+"""End to end on real parts: the default experiment (CI form, in this process) against a real
 speculative vLLM stack (tiny models, CPU), a real locust process and a real SIGKILL of
 the VLLM::Worker. Then the failure paths a user meets: Ctrl-C / SIGTERM in the middle
 of a run, and a server that never comes back."""
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.report.allure import ALLURE_DIR_ENV
+from tests.experiment.files import ci_form, run_pooled
 from tests.procs import leaked_since, sut_pids, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +33,13 @@ def specchaos(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def variant(tmp: Path, name: str, **changes) -> Path:
-    """A copy of the default experiment with absolute models_dir and some config changed
-    (``changes`` maps dotted paths under configuration.specchaos to values)."""
+def variant(tmp: Path, name: str, ci: bool = False, **changes) -> Path:
+    """A copy of the default experiment with absolute models_dir, in its CI form when ``ci``
+    (:func:`tests.experiment.files.ci_form`), and some config changed (``changes`` maps
+    dotted paths under configuration.specchaos to values)."""
     doc = yaml.safe_load(EXPERIMENT.read_text())
+    if ci:
+        ci_form(doc)
     spec = doc["configuration"]["specchaos"]
     spec["stack"]["models_dir"] = str(MODELS)
     for dotted, value in changes.items():
@@ -49,28 +54,28 @@ def variant(tmp: Path, name: str, **changes) -> Path:
 
 
 @pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """One real run of the default experiment, shared by the assertions below."""
+def default_run(tmp_path_factory, specchaos_pool):
+    """One run of the default experiment in its CI form, in this process on the session's
+    shared stack (the runner, not the CLI: the one real CLI run is the memory-pressure
+    experiment's, tests/experiment/test_memory_pressure.py), shared by the assertions below.
+    Its Allure result also goes to ``allure-shared`` beside it, as ``--allure-dir`` does."""
     out = tmp_path_factory.mktemp("run") / "out"
-    exp = variant(out.parent, "default")
+    exp = variant(out.parent, "default", ci=True)
     before = sut_pids()
-    t0 = time.monotonic()
-    proc = specchaos("run", str(exp), "--out", str(out), "--allure-dir", str(out.parent / "allure-shared"))
-    output, _ = proc.communicate(timeout=900)
-    wall_s = time.monotonic() - t0
-    report = json.loads((out / "report.json").read_text())
-    print(output[-4000:])
-    print(f"default experiment wall time: {wall_s:.0f} s")
-    return {"rc": proc.returncode, "output": output, "out": out, "report": report,
-            "wall_s": wall_s, "leaked": leaked_since(before)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ALLURE_DIR_ENV, str(out.parent / "allure-shared"))
+        t0 = time.monotonic()
+        code, report = run_pooled(exp, out)
+        wall_s = time.monotonic() - t0
+    return {"rc": code, "out": out, "report": report, "wall_s": wall_s,
+            "leaked": leaked_since(before, pool=specchaos_pool)}
 
 
 def test_default_experiment_passes(default_run):
     rep = default_run["report"]
-    failed = [c for c in rep["checks"] if not c["passed"]]
+    failed = [c for c in rep["checks"] if c["passed"] is False]
     assert rep["verdict"] == "pass", f"failed checks: {failed}; errors: {rep.get('errors')}"
     assert default_run["rc"] == 0
-    assert "PASS" in default_run["output"].upper()
 
 
 def test_every_phase_has_requests(default_run):
@@ -135,10 +140,12 @@ def test_rejudge_from_saved_data(default_run):
     output, _ = proc.communicate(timeout=120)
     again = json.loads((default_run["out"] / "report.json").read_text())
     assert proc.returncode == 0, output
+    assert "PASS" in output.upper()
     assert again["integrity"] == default_run["report"]["integrity"]
     assert again["verdict"] == default_run["report"]["verdict"]
 
 
+@pytest.mark.own_stack
 def test_ctrl_c_while_the_stack_starts_returns_quickly(tmp_path):
     """vLLM ignores SIGTERM while it starts: stopping must not wait the full graceful
     timeout per server (both servers are stopped together, with a short grace)."""
@@ -234,6 +241,8 @@ def test_allure_results_html_report_and_browser_check(default_run):
     assert (artifacts / "screenshots" / "test-1.png").is_file()
 
 
+@pytest.mark.nightly
+@pytest.mark.own_stack
 def test_plain_chaos_run_says_the_specchaos_verdict(tmp_path):
     """Plain ``chaos run`` (Chaos Toolkit's own CLI) of the default experiment with short
     phases and an impossible recovery limit (healthy 1 ms after the kill): Chaos Toolkit

@@ -16,7 +16,7 @@ from harness.stack.vllm import vllm_distribution
 from tests.experiment.files import ROOT, experiment_doc, write
 from tests.procs import sut_pids
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.stack, pytest.mark.nightly, pytest.mark.own_stack, pytest.mark.timeout(600)]
 
 VLLM_REASON = "Target and draft model should have the same vocabulary size"
 

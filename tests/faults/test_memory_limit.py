@@ -157,3 +157,39 @@ def test_an_oom_killed_server_is_recorded_with_its_supervised_restart(fake_serve
     assert o["oom_kills"] >= 1 and o["api_alive"] is False and o["restart_ready_after_s"] is not None, o
     assert spec.incarnation == 1 and "1 OOM kill(s), server restarted" in ev.detail
     assert not cgroup.TreeCgroup("memory", handle.fault_id).path.exists()
+
+
+# ------------------------------------------------------------------ the real stack
+@pytest.mark.stack
+@pytest.mark.timeout(300)
+def test_a_memory_limit_on_the_real_workers_tree_is_charged_and_lifted(real_stack, tmp_path):
+    """memory-limit on the shared stack's speculative worker (the target, the draft and the
+    KV cache live there) with headroom, 1.5 x its RSS, under streaming load: the limit read
+    back, the worker inside the cgroup and charged there, no OOM kill, generation goes on;
+    after the clear the worker is back in its cgroup and no cgroup is left (autouse
+    ``no_cgroup_left``)."""
+    from faults.inject import FaultInjector, InjectionContext
+    from harness.timeline import Timeline
+    from tests.experiment.test_thermal import Streams
+
+    spec = real_stack.stack.servers["spec"]
+    worker = spec.roles()["worker"][0]
+    h = cgroup.hierarchy("memory")
+    origin = cgroup.cgroup_of(worker.pid, h)
+    inj = FaultInjector(InjectionContext(real_stack.stack, Timeline(tmp_path / "timeline.jsonl"),
+                                         Ledger(tmp_path / "ledger.jsonl")))
+    with Streams(spec.base_url, spec.model) as load:
+        try:
+            handle = inj.inject("memory-limit", {"server": "spec", "roles": ["worker"], "usage_factor": 1.5})
+            ev = inj.collect_evidence(handle, timeout_s=30)
+        finally:
+            inj.clear_all()
+    o = ev.observations
+    print(f"\n[measure] memory-limit 1.5 x RSS on the real spec worker: {ev.detail}")
+    assert ev.acted, ev.detail
+    assert worker.pid in o["pids_in_cgroup"] and o["oom_kills"] == 0, o
+    assert 0 < o["peak_bytes"] <= o["limit_read_back"], o
+    assert o["still_generating"] is True, o
+    assert not load.errors, load.errors[:3]
+    assert cgroup.cgroup_of(worker.pid, h) == origin and spec.is_up()
+    assert Ledger(tmp_path / "ledger.jsonl").open_faults() == []

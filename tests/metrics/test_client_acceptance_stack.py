@@ -114,6 +114,8 @@ def extra_server(tmp_path):
         s.stop()
 
 
+@pytest.mark.nightly   # a server of its own (ngram); the exact draft's agreement runs in make test
+@pytest.mark.own_stack
 def test_ngram_agrees_with_the_servers_counters_per_decode_step(extra_server):
     t0 = time.monotonic()
     spec = extra_server("ngram", None)

@@ -55,14 +55,20 @@ class Api:
 
 
 @pytest.fixture(scope="session")
-def api(real_stack):
-    """:class:`Api` over the session's real stack."""
+def target_tokenizer():
+    """The target's tokenizer (transformers), loaded once per session."""
     from transformers import AutoTokenizer   # deferred: heavy, only for the real-stack tests
 
+    return AutoTokenizer.from_pretrained(str(ROOT / "models" / "target"))
+
+
+@pytest.fixture(scope="module")
+def api(real_stack, target_tokenizer):
+    """:class:`Api` over the session's real stack, for one test module (as ``real_stack``)."""
     stack = real_stack.stack
     spec, ref = stack.servers["spec"], stack.servers["ref"]
     assert spec.model == ref.model, (spec.model, ref.model)
-    tok = AutoTokenizer.from_pretrained(str(ROOT / "models" / "target"))
+    tok = target_tokenizer
     with make_client(max_connections=4) as client:
         yield Api(urls={"spec": spec.base_url, "ref": ref.base_url}, model=spec.model, client=client,
                   tokenizer=tok, eos_id=int(tok.eos_token_id), max_model_len=stack.cfg.max_model_len)

@@ -17,7 +17,7 @@ from tests.property.profiles import stack_settings
 from tests.property.strategies import requests, stops_from
 from tests.property.wire import Completion, expect
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.stack, pytest.mark.budget, pytest.mark.timeout(1800)]
 
 
 def judged(api, c: Completion, who: str) -> list[str]:

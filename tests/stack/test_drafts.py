@@ -17,7 +17,7 @@ from harness.stack.models import CALIBRATION_OUTPUT_TOKENS, build_models, calibr
 from harness.stack.ports import free_ports
 from harness.stack.vllm import speculative_config, vllm_distribution
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.stack, pytest.mark.nightly, pytest.mark.own_stack, pytest.mark.timeout(600)]
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 ACCEPTED, DRAFTED = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
