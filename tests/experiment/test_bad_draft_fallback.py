@@ -63,6 +63,7 @@ def test_the_experiment_validates(models_built):
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.nightly   # the same experiment runs on the real stack in make test (CI form, below)
 @pytest.mark.timeout(240)
 def test_the_breaker_falls_back_on_the_fake(tmp_path):
     before = sut_pids()

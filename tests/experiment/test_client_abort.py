@@ -42,6 +42,7 @@ def test_the_client_abort_experiment_validates(models_built):
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.nightly   # the same experiment runs on the real stack in make test (CI form, below)
 @pytest.mark.timeout(180)
 def test_client_aborts_drain_on_the_fake(tmp_path):
     before = sut_pids()

@@ -84,6 +84,7 @@ def test_the_network_experiments_validate(models_built):
 
 # ------------------------------------------------------------------ fast path (fake vLLM)
 
+@pytest.mark.nightly   # the same experiment runs on the real stack in make test (CI form, below)
 @pytest.mark.timeout(180)
 def test_jitter_through_the_proxy_degrades_gracefully_on_the_fake(tmp_path):
     before = sut_pids()
@@ -106,6 +107,7 @@ def test_jitter_through_the_proxy_degrades_gracefully_on_the_fake(tmp_path):
     assert leaked_since(before) == []
 
 
+@pytest.mark.nightly   # the same experiment runs on the real stack in make test (CI form, below)
 @pytest.mark.timeout(180)
 def test_the_corrupt_self_test_fails_on_integrity_on_the_fake(tmp_path):
     code, rep, _, _ = run_fast(tmp_path, "corrupt", method=toxic_action(
