@@ -235,17 +235,16 @@ SETTLE_POLL_S = 0.2
 
 def _settle(stack: Any) -> str | None:
     """Wait until every server has settled: ready, with no planned restart asked for and not
-    yet done (``settled_at()`` not None: a supervised restart after a kill, or a draft swap's
-    rollback, still under way when the run ended), each within its startup wait (seconds).
-    None when all settled; else why not (the stack is then not kept). Servers without
-    ``settled_at`` are taken as they are."""
+    yet done (its ``settled_at`` property not None: a supervised restart after a kill, or a
+    draft swap's rollback, still under way when the run ended), each within its startup wait
+    (seconds). None when all settled; else why not (the stack is then not kept). Servers
+    without ``settled_at`` are taken as they are."""
     for name, server in stack.servers.items():
-        settled_at = getattr(server, "settled_at", None)
-        if settled_at is None or settled_at() is not None:
+        if not hasattr(server, "settled_at") or server.settled_at is not None:
             continue
         log.info("waiting for server %s to settle (a restart under way) before keeping the stack", name)
         deadline = time.monotonic() + float(getattr(server, "startup_timeout_s", 300.0))
-        while settled_at() is None:
+        while server.settled_at is None:
             state = getattr(server, "state", "")
             if state in ("failed", "gave_up", "stopped"):
                 return f"server {name} is {state}"

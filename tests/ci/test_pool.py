@@ -4,6 +4,7 @@ key, reuse only when fit, log slices per run, run state for ``specchaos cleanup`
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ class StubServer:
         self.run_settings: list = []
         self.looks = 0
 
-    def settled_at(self):   # a restart under way finishes at the second look
+    @property
+    def settled_at(self):   # a restart under way finishes at the second look (LocalServer: a property)
         self.looks += 1
         if self.state == "restarting" and self.looks > 1:
             self.state = "ready"
@@ -214,3 +216,34 @@ def test_the_real_probe_says_why_a_server_is_unfit():
     server = StubServer("spec", Path("/nonexistent"))
     server.base_url = "http://127.0.0.1:1"   # nothing listens on port 1
     assert pool_mod._probe(server).startswith("probe failed: ConnectError")
+
+
+@pytest.mark.timeout(120)
+def test_the_real_supervisor_is_kept_after_a_kill_and_its_restart(tmp_path, monkeypatch, models):
+    """The pool with the harness's own LocalServer (the fake vLLM under the real supervisor):
+    a worker killed near the end of a run is still restarting at release; the pool waits for
+    the restart and the next run gets the same stack, its restart budget whole again."""
+    from tests.experiment.fast_e2e import MODELS
+    from tests.fakes.stack import register_fake_launchers
+
+    monkeypatch.setenv("SPECCHAOS_STATE_DIR", str(tmp_path / "state"))
+    register_fake_launchers()
+    c = StackConfig(launcher="fake", models_dir=str(MODELS), reference=False, startup_timeout_s=60,
+                    restart={"max_restarts": 1, "backoff_s": 0.2, "backoff_max_s": 0.2})
+    with StackPool(tmp_path / "stacks") as pool:
+        run_dir = tmp_path / "a"
+        run_dir.mkdir()
+        a = pool.acquire(c, run_dir, Timeline(run_dir / "timeline.jsonl"))
+        spec = a.servers["spec"]
+        spec.roles()["worker"][0].kill()                       # the run ends right after its kill
+        deadline = time.monotonic() + 20
+        while spec.state != "restarting":                      # the supervisor saw the exit
+            assert time.monotonic() < deadline, spec.state
+            time.sleep(0.02)
+        pool.release(a, run_dir, clean=True)
+        assert spec.settled_at is not None and spec.incarnation == 1 and len(spec.restarts) == 1
+        run_dir = tmp_path / "b"
+        run_dir.mkdir()
+        b = pool.acquire(c, run_dir, Timeline(run_dir / "timeline.jsonl"))
+        assert b is a and pool.starts == 1 and spec.restarts == []   # a whole budget for the next run
+        pool.release(b, run_dir, clean=True)
