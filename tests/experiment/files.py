@@ -50,13 +50,18 @@ def run_pooled(exp: Path, out: Path) -> tuple[int, dict]:
     """Run ``exp`` in this process through the runner (:func:`harness.experiment.runner.run`)
     on a stack from the session's pool: the test must ask for the ``specchaos_pool`` fixture
     (it makes the pool the stack provider). Prints the wall time. Returns (exit code 0/1/2,
-    report.json)."""
+    report.json). A run the runner reports interrupted (Ctrl-C, or SIGTERM, which the plugin
+    turns into one) raises KeyboardInterrupt, so the pytest session ends and the pool stops
+    its stacks, as for the plugin's experiment items."""
     from harness.experiment.runner import run
 
     t0 = time.monotonic()
     code, report = run(exp, out)
     print(f"{exp.name} wall time (in-process, pooled stack): {time.monotonic() - t0:.0f} s")
-    return code, report if report is not None else json.loads((out / "report.json").read_text())
+    report = report if report is not None else json.loads((out / "report.json").read_text())
+    if any(str(e).startswith("interrupted by") for e in report.get("errors") or []):
+        raise KeyboardInterrupt   # the runner caught Ctrl-C or SIGTERM: end the pytest session too
+    return code, report
 
 
 def run_cli(exp: Path, out: Path) -> tuple[subprocess.CompletedProcess, dict]:
