@@ -10,7 +10,21 @@ reads every run's ``report.json`` and prints, per experiment:
 * the baseline phase's p50 TTFT and p50 TPOT of each repeat (``phases.baseline.ttft_s.p50``,
   ``.tpot_s.p50``, in ms) and their spread across the repeats: ``range`` = (max − min) ÷
   median and ``dev`` = max |x ÷ median − 1|, marked OK when ``dev`` is within ±10 %;
-* each repeat's wall time (the CLI subprocess, stack start and stop included).
+* each repeat's wall time (the CLI subprocess, stack start and stop included; with
+  ``--pooled``, the in-process run, a stack start included only where it started one).
+
+``--pooled`` runs every repeat in this process through the runner
+(:func:`harness.experiment.runner.run`, as ``ci/gate.sh``'s pytest plugin does) with a
+:class:`harness.stack.pool.StackPool` (``DIR/stacks/``) as the session's stack provider: runs
+whose ``stack`` blocks have the same pool key (:func:`harness.stack.pool.stack_key`) share a
+started stack. The runs are ordered so stacks are reused: experiments grouped by key (in order
+of first appearance), every repeat of one key before the next. Each run's line and its
+``stability.json`` entry say whether its stack was ``started`` or ``reused`` (the
+``stack_pooled`` event of its timeline; ``uses``), and the pool's ``starts`` and ``reuses``
+end the output and ``stability.json`` (``pool``). The pool is closed (every stack stopped) at
+the end, on Ctrl-C and on SIGTERM. Each run's log (the harness's INFO lines) goes to
+``DIR/<stem>/<i>.log``. This is what the nightly tier runs: the gate's way of running, and a
+stack start per key rather than per run.
 
 Exit code: 0 when every experiment gave the same verdict in every repeat, 1 when any did
 not, 2 on bad input (a missing or invalid experiment file, an ``--out`` that already holds
@@ -28,7 +42,7 @@ Not run by CI with real experiments (it starts real vLLM servers; the nightly ti
 ``tests/bench/test_verdict_stability.py`` runs it over every shipped experiment, three
 repeats). Run it under the shared lock::
 
-    flock /tmp/specchaos-vllm.lock .venv/bin/python bench/verdict_stability.py [--repeats 3] [--out DIR] [--busy] [FILE ...]
+    flock /tmp/specchaos-vllm.lock .venv/bin/python bench/verdict_stability.py [--repeats 3] [--out DIR] [--pooled] [--busy] [FILE ...]
     .venv/bin/python bench/verdict_stability.py --summarize DIR     # the table again, from saved runs
 
 Default experiments: every ``experiments/*.yaml`` (not ``experiments/selftest/``). Default
@@ -36,13 +50,15 @@ Default experiments: every ``experiments/*.yaml`` (not ``experiments/selftest/``
 every run (settings, each run's exit code, wall time and load average, and the rows);
 each run's CLI output goes to ``DIR/<stem>/<i>.log``. Its last line is a JSON object:
 ``agreed`` (bool) and, per experiment, ``verdicts``, ``agree``, ``ttft_p50_ms``,
-``tpot_p50_ms``, their spreads and ``wall_s``.
+``tpot_p50_ms``, their spreads and ``wall_s`` (with ``--pooled`` also ``stack`` per repeat,
+and ``pool``: ``starts``, ``reuses``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import statistics
@@ -76,8 +92,10 @@ class BadInput(Exception):
     """Bad arguments or files: one line on stderr, exit 2."""
 
 
-class Interrupted(Exception):
-    """SIGTERM (or SIGINT) while running."""
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) while running: a KeyboardInterrupt, so an in-process run (``--pooled``)
+    treats it as the interruption it is (the runner judges what was recorded and lets go of
+    the stack) rather than as a failing activity."""
 
 
 # ------------------------------------------------------------------ summary (pure)
@@ -123,7 +141,9 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     verdict. A row: ``experiment``, ``repeats``, ``verdicts`` (per repeat), ``seen``,
     ``agree``, ``failing`` (failed check names per repeat), ``errors`` (first run error per
     repeat, or None), ``ttft_p50_ms`` and ``tpot_p50_ms`` (per repeat) with ``ttft_spread``
-    and ``tpot_spread`` (:func:`spread`), ``wall_s`` (per repeat)."""
+    and ``tpot_spread`` (:func:`spread`), ``wall_s`` (per repeat), ``stack`` (per repeat:
+    ``started``/``reused`` for a pooled run, ``none`` for a pooled run that got no stack, None
+    for a run through the CLI)."""
     by: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by.setdefault(r["experiment"], []).append(r)
@@ -149,6 +169,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "agree": len(set(verdicts)) == 1, "failing": failing, "errors": errors,
             "ttft_p50_ms": ttft, "ttft_spread": spread(ttft), "tpot_p50_ms": tpot, "tpot_spread": spread(tpot),
             "wall_s": [None if r.get("wall_s") is None else round(r["wall_s"], 1) for r in rs],
+            "stack": [r.get("stack") for r in rs],
         })
     return rows
 
@@ -163,14 +184,17 @@ def _spread_text(s: dict[str, Any]) -> str:
     return f"range {s['range'] * 100:.1f}% dev ±{s['dev'] * 100:.1f}% {'OK' if s['ok'] else 'OVER'}"
 
 
-def render(rows: list[dict[str, Any]]) -> str:
-    """The table: one line per experiment, then its failing checks and errors per repeat."""
+def render(rows: list[dict[str, Any]], pool: dict[str, int] | None = None) -> str:
+    """The table: one line per experiment (a ``stack`` column when any run was pooled), then
+    its failing checks and errors per repeat; ``pool`` (``starts``, ``reuses``) ends it."""
+    pooled = any(s is not None for r in rows for s in r.get("stack") or [])
     head = ("experiment", "verdicts", "agree", "baseline p50 TTFT ms", "spread", "baseline p50 TPOT ms", "spread",
-            "wall s")
+            "wall s") + (("stack",) if pooled else ())
     body = [(r["experiment"], r["seen"], "yes" if r["agree"] else "NO",
              " ".join(_fmt(v) for v in r["ttft_p50_ms"]), _spread_text(r["ttft_spread"]),
              " ".join(_fmt(v) for v in r["tpot_p50_ms"]), _spread_text(r["tpot_spread"]),
-             " ".join(_fmt(v) for v in r["wall_s"])) for r in rows]
+             " ".join(_fmt(v) for v in r["wall_s"]))
+            + ((" ".join(s or "-" for s in r.get("stack") or []),) if pooled else ()) for r in rows]
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -185,13 +209,25 @@ def render(rows: list[dict[str, Any]]) -> str:
     agreed = sum(r["agree"] for r in rows)
     lines += ["", (f"{agreed}/{len(rows)} experiments gave the same verdict in every repeat; baseline p50 spread "
                    f"target ±{TARGET_DEV * 100:.0f}% of the median (OK/OVER)")]
+    if pool is not None:
+        lines.append(pool_text(pool))
     return "\n".join(lines)
 
 
-def last_line(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON object printed last."""
+def pool_text(pool: dict[str, int]) -> str:
+    return f"stack pool: {pool['starts']} started, {pool['reuses']} reused"
+
+
+def last_line(rows: list[dict[str, Any]], pool: dict[str, int] | None = None) -> dict[str, Any]:
+    """The JSON object printed last (``pool`` and each experiment's ``stack`` only for pooled runs)."""
     keep = ("verdicts", "agree", "ttft_p50_ms", "ttft_spread", "tpot_p50_ms", "tpot_spread", "wall_s")
-    return {"agreed": all(r["agree"] for r in rows), "experiments": {r["experiment"]: {k: r[k] for k in keep} for r in rows}}
+    line: dict[str, Any] = {"agreed": all(r["agree"] for r in rows), "experiments": {
+        r["experiment"]: {**{k: r[k] for k in keep},
+                          **({"stack": r["stack"]} if any(s is not None for s in r.get("stack") or []) else {})}
+        for r in rows}}
+    if pool is not None:
+        line["pool"] = pool
+    return line
 
 
 # ------------------------------------------------------------------ saved runs
@@ -219,9 +255,18 @@ def load_runs(out: Path) -> list[dict[str, Any]]:
     return runs
 
 
-def write_index(out: Path, settings: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+def load_pool(out: Path) -> dict[str, int] | None:
+    """The pool's ``starts`` and ``reuses`` saved in ``out/stability.json`` (None: not pooled)."""
+    try:
+        return json.loads((out / "stability.json").read_text(encoding="utf-8")).get("pool")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_index(out: Path, settings: dict[str, Any], runs: list[dict[str, Any]],
+                pool: dict[str, int] | None = None) -> None:
     data = {"settings": settings, "runs": [{k: v for k, v in r.items() if k != "report"} for r in runs],
-            "rows": summarize(runs)}
+            "rows": summarize(runs), **({"pool": pool} if pool is not None else {})}
     tmp = out / "stability.json.tmp"
     tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out / "stability.json")
@@ -302,6 +347,103 @@ def _on_sigterm(signum, frame) -> None:
     raise Interrupted()
 
 
+# ------------------------------------------------------------------ --pooled: in this process
+# The harness is imported here only for --pooled: the CLI mode and --summarize need none of it.
+
+def pool_keys(files: list[Path]) -> dict[Path, str]:
+    """Each file's pool key (:func:`harness.stack.pool.stack_key` of its validated ``stack``
+    block), validating it in this process as ``specchaos validate`` does; the first refusal is
+    :class:`BadInput`."""
+    from harness.errors import SpecchaosError
+    from harness.experiment.validate import load_experiment
+    from harness.stack.pool import stack_key
+    keys = {}
+    for f in files:
+        try:
+            keys[f] = stack_key(load_experiment(f).cfg.stack)
+        except SpecchaosError as exc:
+            raise BadInput(f"specchaos validate {f}: {exc.one_line()}") from None
+    return keys
+
+
+def pool_order(files: list[Path], keys: dict[Path, str]) -> list[Path]:
+    """``files`` grouped by pool key (keys in order of first appearance, files in their order
+    within a key), so every run of one stack configuration comes before the next one's."""
+    first = {k: i for i, k in reversed(list(enumerate(keys[f] for f in files)))}
+    return sorted(files, key=lambda f: first[keys[f]])
+
+
+def stack_use(run_dir: Path) -> tuple[str, int | None]:
+    """``("started", 1)`` or ``("reused", uses)`` from the run's ``stack_pooled`` timeline
+    event; ``("none", None)`` when the run got no stack."""
+    from harness.timeline import read_timeline
+    path = run_dir / "timeline.jsonl"
+    events = read_timeline(path) if path.exists() else []
+    uses = next((e.get("uses") for e in events if e.get("event") == "stack_pooled"), None)
+    if not isinstance(uses, int):
+        return "none", None
+    return ("started" if uses == 1 else "reused"), uses
+
+
+class PooledRunner:
+    """Runs experiments in this process (:func:`harness.experiment.runner.run`) on one
+    :class:`harness.stack.pool.StackPool`, the session's stack provider until :meth:`close`."""
+
+    LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"   # the CLI's
+
+    def __init__(self, base_dir: Path):
+        from harness.experiment import session
+        from harness.stack.pool import StackPool
+        self.pool = StackPool(base_dir)
+        session.set_stack_provider(self.pool)
+
+    def counts(self) -> dict[str, int]:
+        return {"starts": self.pool.starts, "reuses": self.pool.reuses}
+
+    def run(self, file: Path, out_dir: Path, log: Path) -> tuple[int, float, str, int | None]:
+        """One run: (exit code, wall seconds, ``started``/``reused``/``none``, uses). Its
+        harness log (INFO, as the CLI's) goes to ``log``. Bad input found before anything
+        started is exit 2 without a report, as the CLI's. A run that a signal interrupted
+        raises :class:`Interrupted` once it has torn down (the runner caught the signal)."""
+        from harness.errors import SpecchaosError
+        from harness.experiment import runner
+        handler = logging.FileHandler(log, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(self.LOG_FORMAT))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        levels = {name: logging.getLogger(name).level for name in ("harness", "faults")}
+        if not root.isEnabledFor(logging.INFO):
+            for name in levels:
+                logging.getLogger(name).setLevel(logging.INFO)
+        report: dict[str, Any] | None = None
+        t0 = time.monotonic()
+        try:
+            code, report = runner.run(file, out_dir)
+        except SpecchaosError as exc:
+            logging.getLogger("harness").error("specchaos: error: %s", exc.one_line())
+            code = 2
+        finally:
+            wall = time.monotonic() - t0
+            root.removeHandler(handler)
+            handler.close()
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+        if any(str(e).startswith("interrupted by ") for e in (report or {}).get("errors") or []):
+            raise Interrupted()
+        return (code, wall, *stack_use(out_dir))
+
+    def close(self) -> None:
+        """Stop every pooled stack and unset the provider (idempotent); a second signal
+        meanwhile is ignored, so no server is left behind."""
+        from harness.experiment import session
+        from harness.experiment.control import signals_deferred
+        with signals_deferred():
+            try:
+                self.pool.close()
+            finally:
+                session.set_stack_provider(None)
+
+
 def experiment_files(names: list[str]) -> list[Path]:
     files = [Path(n) for n in names] or sorted((ROOT / "experiments").glob("*.yaml"))
     if not files:
@@ -332,6 +474,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--short", action="store_true",
                     help="SHORT CI phase profile (warm-up 2 s, baseline 10 s, after 8 s) instead of each "
                          "experiment's own phases; not what the nightly tier runs")
+    ap.add_argument("--pooled", action="store_true",
+                    help="run in this process on shared stacks (harness.stack.pool.StackPool), as the gate "
+                         "does: runs whose stack blocks match reuse one started stack; ordered by stack")
     ap.add_argument("--summarize", type=Path, metavar="DIR", default=None,
                     help="print the table of the runs saved in DIR and exit; runs nothing")
     return ap.parse_args(argv)
@@ -344,7 +489,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise BadInput("--busy-max-s must be > 0")
     if args.summarize is not None:
         extra = [n for n, given in (("FILE", args.files), ("--busy", args.busy), ("--short", args.short),
-                                    ("--out", args.out is not None)) if given]
+                                    ("--pooled", args.pooled), ("--out", args.out is not None)) if given]
         if extra:
             raise BadInput(f"--summarize runs nothing: drop {', '.join(extra)}")
         if not args.summarize.is_dir():
@@ -359,19 +504,40 @@ def check_args(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if not args.pooled:
+        return _main(args)
+    # In this process, runs see what the CLI subprocesses see: the repository root as the
+    # working directory (relative models_dir) and on sys.path (launchers named by
+    # $SPECCHAOS_LAUNCHERS); paths given are taken from where the script was started.
+    args.files = [os.path.abspath(f) for f in args.files]
+    args.out = args.out.resolve() if args.out is not None else None
+    cwd, path = os.getcwd(), list(sys.path)
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    try:
+        return _main(args)
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         check_args(args)
         if args.summarize is not None:
             runs = load_runs(args.summarize)
             if not runs:
                 raise BadInput(f"--summarize {args.summarize}: no runs saved there (no stability.json, no <stem>/<i>/)")
-            return report(summarize(runs))
+            return report(summarize(runs), load_pool(args.summarize))
         files = experiment_files(args.files)
         out = (args.out or ROOT / "results" / time.strftime("stability-%Y%m%d-%H%M%S")).resolve()
         taken = [str(out / f.stem) for f in files if (out / f.stem).exists()]
         if taken:
             raise BadInput(f"--out {out}: already holds runs ({taken[0]}); choose another --out, or --summarize it")
-        validate(files)
+        if args.pooled:
+            files = pool_order(files, pool_keys(files))
+        else:
+            validate(files)
     except BadInput as exc:
         print(f"verdict_stability: error: {exc}", file=sys.stderr)
         return 2
@@ -380,24 +546,34 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"repeats": args.repeats, "files": [str(f) for f in files], "busy": args.busy,
                 "busy_core": core if args.busy else None, "cpus": sorted(os.sched_getaffinity(0)),
                 "phases": "short CI profile " + json.dumps(SHORT_PHASES) if args.short else "each experiment's own",
-                "started_at": time.time()}
+                "pooled": args.pooled, "started_at": time.time()}
     label = (f"{len(files)} experiment(s) × {args.repeats} repeat(s); phases: "
              + ("SHORT CI profile " + json.dumps(SHORT_PHASES) if args.short else "each experiment's own")
-             + (f"; busy loop on core {core}" if args.busy else "; no busy loop"))
+             + (f"; busy loop on core {core}" if args.busy else "; no busy loop")
+             + ("; pooled stacks in this process, runs ordered by stack" if args.pooled
+                else "; a stack per run (CLI subprocesses)"))
     print(label, flush=True)
     runs: list[dict[str, Any]] = []
     hog = None
+    pooled: PooledRunner | None = None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if args.busy:
             hog = Hog(core, args.busy_max_s)
+        if args.pooled:
+            pooled = PooledRunner(out / "stacks")
         for f in files:
             (out / f.stem).mkdir(parents=True, exist_ok=True)
             run_file = short_copy(f, out / f.stem / "experiment-short.yaml") if args.short else f
             for i in range(1, args.repeats + 1):
                 run_dir = out / f.stem / str(i)
                 load_before = os.getloadavg()[0]
-                code, wall = run_one(run_file, run_dir, out / f.stem / f"{i}.log")
+                use: tuple[str, int | None] | None = None
+                if pooled is not None:
+                    code, wall, stack, uses = pooled.run(run_file, run_dir, out / f.stem / f"{i}.log")
+                    use = (stack, uses)
+                else:
+                    code, wall = run_one(run_file, run_dir, out / f.stem / f"{i}.log")
                 try:
                     report_ = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
                 except (OSError, ValueError):
@@ -405,26 +581,33 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"experiment": f.stem, "repeat": i, "dir": str(run_dir), "exit_code": code,
                              "wall_s": round(wall, 1), "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                              "report": report_})
-                write_index(out, settings, runs)
+                if use is not None:
+                    runs[-1].update(stack=use[0], stack_uses=use[1])
+                write_index(out, settings, runs, pooled.counts() if pooled else None)
                 verdict = report_.get("verdict") if report_ else "error (no report.json)"
-                print(f"{f.stem} {i}/{args.repeats}: {verdict} (exit {code}) in {wall:.1f} s", flush=True)
+                how = "" if use is None else f"; stack {use[0]}" + (f" (use {use[1]})" if use[0] == "reused" else "")
+                print(f"{f.stem} {i}/{args.repeats}: {verdict} (exit {code}) in {wall:.1f} s{how}", flush=True)
     except (Interrupted, KeyboardInterrupt):
         print(f"verdict_stability: error: interrupted; the finished runs are in {out} (the interrupted one, "
               f"its partial report beside them, is left out)", file=sys.stderr)
         if runs:
-            print(render(summarize(runs)))
+            print(render(summarize(runs), pooled.counts() if pooled else None), flush=True)
         return 2
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        if hog is not None:
-            hog.stop()
+        try:
+            if pooled is not None:
+                pooled.close()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if hog is not None:
+                hog.stop()
     print(f"runs: {out}  (again: bench/verdict_stability.py --summarize {out})")
-    return report(summarize(runs))
+    return report(summarize(runs), pooled.counts() if pooled else None)
 
 
-def report(rows: list[dict[str, Any]]) -> int:
-    print(render(rows))
-    print(json.dumps(last_line(rows)))
+def report(rows: list[dict[str, Any]], pool: dict[str, int] | None = None) -> int:
+    print(render(rows, pool))
+    print(json.dumps(last_line(rows, pool)))
     return 0 if all(r["agree"] for r in rows) else 1
 
 

@@ -1,12 +1,15 @@
 """bench/verdict_stability.py: its summary (a pure function of the runs) over hand-made
-reports, bad arguments, the whole loop through the real CLI on the fake vLLM, and — in the
-nightly tier — every shipped experiment three times on the real stack, every verdict the same."""
+reports, bad arguments, the pooled loop (``--pooled``: in this process on shared stacks) on
+the fake vLLM and its interruption, the loop through the real CLI on the fake vLLM (nightly),
+and — in the nightly tier — every shipped experiment three times on the real stack, pooled,
+every verdict the same."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -174,10 +177,138 @@ def test_an_invalid_experiment_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_pooled_runs_are_ordered_by_stack_key():
+    a, b, c, d = (Path(f"/x/{n}.yaml") for n in "abcd")
+    keys = {a: "k1", b: "k2", c: "k1", d: "k3"}
+    assert vs.pool_order([a, b, c, d], keys) == [a, c, b, d]
+    assert vs.pool_order([b, a, d, c], keys) == [b, a, c, d]
+
+
+def test_the_table_and_last_line_say_started_or_reused_only_for_pooled_runs():
+    plain = vs.summarize(runs("kill", report(), report()))
+    assert plain[0]["stack"] == [None, None]
+    assert "stack" not in vs.render(plain).splitlines()[0] and "stack pool" not in vs.render(plain)
+    assert "stack" not in vs.last_line(plain)["experiments"]["kill"] and "pool" not in vs.last_line(plain)
+    rs = runs("kill", report(), report(), None)
+    for r, use in zip(rs, ("started", "reused", "none")):
+        r["stack"] = use
+    rows = vs.summarize(rs)
+    pool = {"starts": 1, "reuses": 1}
+    text = vs.render(rows, pool)
+    assert text.splitlines()[0].split()[-1] == "stack" and "started reused none" in text.splitlines()[2]
+    assert text.splitlines()[-1] == "stack pool: 1 started, 1 reused"
+    last = vs.last_line(rows, pool)
+    assert last["pool"] == pool and last["experiments"]["kill"]["stack"] == ["started", "reused", "none"]
+
+
+def _stub_run(tmp_path, monkeypatch, second_run):
+    """``runner.run`` replaced: the first run writes a pass report and a ``stack_pooled``
+    event (uses 1), the second calls ``second_run(out_dir)``; ``StackPool.close`` recorded."""
+    from harness.experiment import runner
+    from harness.stack.pool import StackPool
+    calls: list[str] = []
+
+    def run(path, out_dir, progress=False):
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        calls.append(str(out_dir))
+        if len(calls) == 1:
+            (out_dir / "timeline.jsonl").write_text(json.dumps(
+                {"t": 1.0, "source": "stack", "event": "stack_pooled", "uses": 1, "starts": 1}) + "\n")
+            rep = report()
+            (out_dir / "report.json").write_text(json.dumps(rep))
+            return 0, rep
+        return second_run(out_dir)
+
+    closed: list[bool] = []
+    real_close = StackPool.close
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(StackPool, "close", lambda self: (closed.append(True), real_close(self))[1])
+    return fast_experiment(tmp_path, "stub"), calls, closed
+
+
+def _sigterm_now(out_dir):
+    os.kill(os.getpid(), signal.SIGTERM)   # outside Chaos Toolkit's handler: this script's own
+    time.sleep(10)
+    raise AssertionError("SIGTERM did not stop the run")
+
+
+def _runner_caught_sigint(out_dir):
+    rep = report("error", errors=("interrupted by SIGINT during the baseline phase",))
+    (out_dir / "report.json").write_text(json.dumps(rep))
+    return 2, rep
+
+
+@pytest.mark.parametrize("second_run", [_sigterm_now, _runner_caught_sigint])
+def test_an_interrupted_pooled_run_closes_the_pool_and_prints_the_partial_table(tmp_path, monkeypatch, capsys,
+                                                                                 second_run):
+    """SIGTERM reaching this script, or a signal the runner caught (its report says
+    ``interrupted by ...``): exit 2, the pool closed and no longer the session's provider,
+    SIGTERM's handler as before, the finished run's table printed (the interrupted run left
+    out), no further run started."""
+    from harness.experiment import session
+    exp, calls, closed = _stub_run(tmp_path, monkeypatch, second_run)
+    before = signal.getsignal(signal.SIGTERM)
+    cwd = os.getcwd()
+    assert vs.main(["--pooled", "--repeats", "3", "--out", str(tmp_path / "out"), str(exp)]) == 2
+    assert len(calls) == 2 and closed == [True] and session.stack_provider is None
+    assert signal.getsignal(signal.SIGTERM) is before and os.getcwd() == cwd
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.err and captured.err.count("\n") == 1
+    assert "stub 1/3: pass (exit 0) in " in captured.out and "; stack started" in captured.out
+    assert "stub 2/3" not in captured.out
+    table = captured.out.splitlines()
+    assert any(ln.startswith("stub ") and "pass×1" in ln and ln.endswith("started") for ln in table), captured.out
+    assert table[-1] == "stack pool: 0 started, 0 reused"   # the stub started none
+    saved = json.loads((tmp_path / "out" / "stability.json").read_text())
+    assert [(r["repeat"], r["stack"], r["stack_uses"]) for r in saved["runs"]] == [(1, "started", 1)]
+    assert saved["settings"]["pooled"] is True and saved["pool"] == {"starts": 0, "reuses": 0}
+
+
+@pytest.mark.timeout(120)
+def test_pooled_repeats_share_one_started_stack_on_the_fake_vllm(tmp_path):
+    """``--pooled`` end to end (the runner in the script's process, the fake vLLM under the
+    real supervisor, registered by ``$SPECCHAOS_LAUNCHERS``): two runs of one experiment, the
+    first starts the stack and the second reuses it; both judged pass; the lines, the table,
+    the last line and stability.json say so, ``--summarize`` prints the same again, and no
+    server of the pool is left running."""
+    exp = fast_experiment(tmp_path, "fast-pool", phases={"warmup_s": 0.5, "baseline_s": 3, "after_s": 2})
+    out = tmp_path / "out"
+    env = dict(os.environ, SPECCHAOS_LAUNCHERS="fake=tests.fakes.stack:FakeStack")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--pooled", "--repeats", "2", "--out", str(out), str(exp)],
+                       capture_output=True, text=True, timeout=110, cwd=tmp_path, env=env)
+    print(p.stdout)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    assert "fast-pool 1/2: pass (exit 0) in " in p.stdout and "; stack started\n" in p.stdout
+    assert "fast-pool 2/2: pass (exit 0) in " in p.stdout and "; stack reused (use 2)\n" in p.stdout
+    assert "stack pool: 1 started, 1 reused" in p.stdout
+    last = json.loads(p.stdout.strip().splitlines()[-1])
+    assert last["agreed"] is True and last["pool"] == {"starts": 1, "reuses": 1}
+    row = last["experiments"]["fast-pool"]
+    assert row["verdicts"] == ["pass", "pass"] and row["stack"] == ["started", "reused"]
+    assert all(v > 0 for v in row["ttft_p50_ms"] + row["tpot_p50_ms"] + row["wall_s"])
+    saved = json.loads((out / "stability.json").read_text())
+    assert saved["pool"] == {"starts": 1, "reuses": 1} and saved["settings"]["pooled"] is True
+    assert [(r["stack"], r["stack_uses"], r["exit_code"]) for r in saved["runs"]] == [("started", 1, 0), ("reused", 2, 0)]
+    log2 = (out / "fast-pool" / "2.log").read_text()
+    assert "reusing the started stack" in log2 and (out / "fast-pool" / "2" / "report.json").exists()
+    stacks = list((out / "stacks").glob("stack-*"))
+    assert len(stacks) == 1
+    pids = {e["pid"] for e in map(json.loads, (out / "fast-pool" / "1" / "timeline.jsonl").read_text().splitlines())
+            if e.get("event") == "server_started"}
+    assert pids and not [q for q in pids if psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
+    again = subprocess.run([sys.executable, str(SCRIPT), "--summarize", str(out)], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+    assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1]) == last
+    assert "stack pool: 1 started, 1 reused" in again.stdout
+
+
+@pytest.mark.nightly
 @pytest.mark.timeout(300)
 def test_two_repeats_on_the_fake_vllm_end_to_end(tmp_path):
     """The loop through the real CLI (fake vLLM under the real supervisor, registered for the
-    subprocesses by ``$SPECCHAOS_LAUNCHERS``): two runs, each judged; the exit code, the
+    subprocesses by ``$SPECCHAOS_LAUNCHERS``): two runs, each judged (~50 s, nightly: make
+    test runs the pooled loop, the nightly tier's mode, on the fake); the exit code, the
     table, the last line and stability.json agree with each other, and ``--summarize``
     prints the same rows again. The verdicts themselves are not asserted: on this shared
     host the fast kill experiment has been seen to fail ``fail_fast.*`` when no request
@@ -217,14 +348,19 @@ def test_two_repeats_on_the_fake_vllm_end_to_end(tmp_path):
 @pytest.mark.own_stack   # its runs start their own stacks: before the session's pool starts one
 @pytest.mark.timeout(7200)
 def test_every_shipped_experiment_gives_the_same_verdict_three_times(tmp_path):
-    """Every ``experiments/*.yaml`` with its own phases, three runs each on the real stack:
-    the same verdict every time (exit 0), and never ``error`` (a run that could not be judged
-    is no verdict a gate can use). The table (with the baseline p50 spreads) is printed."""
-    p = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "3", "--out", str(tmp_path / "out")],
+    """Every ``experiments/*.yaml`` with its own phases, three runs each on the real stack,
+    pooled as the gate runs them (``--pooled``: runs of one stack configuration share a
+    started stack): the same verdict every time (exit 0), and never ``error`` (a run that
+    could not be judged is no verdict a gate can use). The table (with the baseline p50
+    spreads and each run's stack: started or reused) is printed."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--pooled", "--repeats", "3", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=7100, cwd=ROOT)
     print(p.stdout)
     print(p.stderr[-3000:], file=sys.stderr)
     assert p.returncode == 0, p.stdout[-6000:]
-    rows = json.loads((tmp_path / "out" / "stability.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "out" / "stability.json").read_text())
+    rows = saved["rows"]
+    # every run got a stack from the pool: started or reused, never none
+    assert saved["pool"]["starts"] + saved["pool"]["reuses"] == len(saved["runs"]), saved["pool"]
     errors = {r["experiment"]: r["verdicts"] for r in rows if "error" in r["verdicts"]}
     assert not errors, errors
