@@ -2,7 +2,7 @@
 # The test tiers (README, "Tests"). Each group is one pytest session; its wall time is
 # printed at the end, with every group's, so a change that slows the suite shows in CI.
 #
-#   ci/test.sh fast      the tests that need no real stack (-m "not stack"), in parallel
+#   ci/test.sh fast      the tests that need no real stack (-m "not stack and not nightly"), in parallel
 #                        (pytest-xdist, $SPECCHAOS_TEST_WORKERS workers, default 3): make test-fast
 #   ci/test.sh stack     the real-stack tests (-m stack), serially, on the session's one shared
 #                        stack; ends with the line `real-stack coverage: FAMILY ...` and fails
@@ -35,9 +35,9 @@ group() {   # group NAME PYTEST-ARGS...
 
 t_all=$SECONDS
 case "${1:-all}" in
-  fast)    group fast -m "not stack" -n "$WORKERS" --dist worksteal ;;
+  fast)    group fast -m "not stack and not nightly" -n "$WORKERS" --dist worksteal ;;
   stack)   group stack -m "stack and not nightly" --real-stack-coverage ;;
-  all)     group fast -m "not stack" -n "$WORKERS" --dist worksteal
+  all)     group fast -m "not stack and not nightly" -n "$WORKERS" --dist worksteal
            group stack -m "stack and not nightly" --real-stack-coverage ;;
   nightly) HYPOTHESIS_PROFILE=nightly group nightly -m "nightly or budget" ;;
   *)       echo "ci/test.sh: unknown tier '${1}' (fast, stack, all, nightly)" >&2; exit 2 ;;
