@@ -20,6 +20,19 @@ incarnation over its life (read just before the swap). For ``method: none`` the 
 is the absence of those counters on the ready server (plain decoding). A window without
 draft tokens (no load) is no evidence.
 
+Time: a slow host makes the swap slower, never an error. The wait for the new incarnation
+is the stack's own limit for a start (``stack.startup_timeout_s`` from its spawn, see
+:meth:`harness.stack.local.LocalServer.wait_for_incarnation`), not the action's evidence
+timeout; that timeout counts from readiness and bounds the reads of ``/metrics``, which
+are retried until a whole ``measure_s`` window is read. Should another restart end the new
+incarnation before one read answered (a circuit breaker tripping on the bad draft), the
+breaker's own measurement of that incarnation (its ``breaker_tripped`` event: rejection
+over its window of the scraper's ``/metrics`` lines) is the acceptance. A new incarnation
+that is not ready within the stack's limit is a failure of the system to come back from
+the swap, not a swap that did not happen: the old incarnation was stopped and replaced,
+so the fault acted (``ready_after_s`` None, the detail says so) and the recovery checks
+judge the outage.
+
 Revert: :meth:`DraftSwap.clear` asks for a planned restart back to the original settings
 (unless ``restore: false``) and returns without waiting (time to recover counts from the clear, restart included); it
 is idempotent and runs on normal end, exceptions, SIGINT/SIGTERM. After a crash of the
@@ -101,8 +114,10 @@ class DraftSwapParams(FaultParams):
             ``draft-acc20``) or a model directory; checked at validate time.
         num_speculative_tokens: k, tokens proposed per step (1–16).
         measure_s: seconds of load over which the new incarnation's acceptance is measured.
-        ready_timeout_s: longest wait for the new incarnation to be ready (within the
-            action's evidence timeout).
+        ready_timeout_s: longest wait for the new incarnation to be ready, in seconds from
+            the swap; None (default): the stack's own limit for a start
+            (``stack.startup_timeout_s`` from the new incarnation's spawn). Never cut short
+            by the action's evidence timeout, which counts from readiness.
         restore: clear restores the original settings (default). False: clear leaves the
             settings in force at that moment — e.g. a circuit breaker's fallback to plain
             decoding, which an experiment then judges in its after phase; a human would roll
@@ -114,7 +129,7 @@ class DraftSwapParams(FaultParams):
     draft: str | None = None
     num_speculative_tokens: int | None = Field(None, ge=1, le=16)
     measure_s: float = Field(3.0, gt=0, le=60)
-    ready_timeout_s: float = Field(300.0, gt=0)
+    ready_timeout_s: float | None = Field(None, gt=0)
     restore: bool = True
 
     @model_validator(mode="after")
@@ -207,12 +222,13 @@ class DraftSwap(Fault):
         return dict(self.facts)
 
     def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
-        """Wait for the new incarnation (at most ``ready_timeout_s``), check it runs the asked
-        settings, and measure its acceptance over ``measure_s`` s of load (see module doc).
+        """Wait for the new incarnation (the stack's limit for a start, or ``ready_timeout_s``),
+        check it runs the asked settings, and measure its acceptance over ``measure_s`` s of
+        load, reading ``/metrics`` for up to ``timeout_s`` from readiness (see module doc).
 
-        Observations: ``old``, ``new`` (settings in force), ``ready_after_s`` (from the swap),
-        ``before`` and ``after`` (:func:`acceptance`), ``window_s``, ``spec_metrics``
-        (whether the server exposes spec-decode counters), ``measured_by``.
+        Observations: ``old``, ``new`` (settings in force), ``ready_after_s`` (from the swap;
+        None: not ready), ``before`` and ``after`` (:func:`acceptance`), ``window_s``,
+        ``spec_metrics`` (whether the server exposes spec-decode counters), ``measured_by``.
 
         Raises:
             FaultError: called before :meth:`inject`.
@@ -222,15 +238,15 @@ class DraftSwap(Fault):
         p, f = self.params, self.facts
         target = self.describe_target(ctx)
         srv = server_of(ctx, p.server, target)
-        start = time.monotonic()
-        ready_at = srv.wait_for_incarnation(f["incarnation"], min(p.ready_timeout_s, timeout_s))
+        wait_s = None if p.ready_timeout_s is None else max(0.0, p.ready_timeout_s - (now() - f["swapped_at"]))
+        ready_at = srv.wait_for_incarnation(f["incarnation"], wait_s)
         obs: dict[str, Any] = {"old": f["old"], "new": dict(srv.speculative), "before": f["before"], "after": None,
                                "ready_after_s": None, "window_s": None, "spec_metrics": None,
                                "measured_by": "vLLM's spec_decode counters on /metrics: acceptance rate = "
                                               "Δaccepted ÷ Δdraft tokens, mean acceptance length = 1 + Δaccepted ÷ Δdrafts"}
         if ready_at is None:
-            return Evidence(False, obs, f"{target}: the server with the new settings was not ready within "
-                                        f"{min(p.ready_timeout_s, timeout_s):.0f} s (state {getattr(srv, 'state', '?')})")
+            return self._not_ready(srv, obs, target)
+        inc = int(srv.incarnation)
         obs["ready_after_s"] = round(ready_at - f["swapped_at"], 3)
         method, draft, k = self._settings()
         new = obs["new"]
@@ -238,12 +254,14 @@ class DraftSwap(Fault):
         if new["method"] != wanted_method or (k is not None and new["num_speculative_tokens"] != k) \
                 or (draft is not None and Path(str(new["draft"])).name != Path(draft).name):
             return Evidence(False, obs, f"{target}: the server runs {new}, not the settings asked")
-        left = max(0.0, timeout_s - (time.monotonic() - start))
-        samples = self._sample(srv.base_url, min(p.measure_s, left), f["incarnation"], srv)
+        samples = self._sample(srv.base_url, p.measure_s, max(timeout_s, p.measure_s + METRICS_TIMEOUT_S), inc, srv)
         obs["spec_metrics"] = bool(samples) and samples[-1][1].get(DRAFT_TOKENS_METRIC) is not None
         head = f"{target}: {f['old']} → {new}, ready {obs['ready_after_s']:.1f} s after the swap"
         if not samples:
-            return Evidence(False, obs, head + "; /metrics could not be read on the new incarnation")
+            if int(srv.incarnation) != inc and wanted_method is not None:
+                return self._breaker_measured(ctx, obs, new, inc, head)
+            return Evidence(False, obs, head + "; /metrics could not be read on the new incarnation "
+                                               f"(incarnation {inc}, now {srv.incarnation}, state {srv.state})")
         # a new incarnation's counters start at 0: with one read only (another restart, e.g. a
         # circuit breaker's, came first) the window runs from its readiness
         first = samples[0][1] if len(samples) >= 2 else None
@@ -262,20 +280,59 @@ class DraftSwap(Fault):
                                           f"length {after['mean_acceptance_length']}) over {obs['window_s']:.1f} s, "
                                           f"{'n/a' if b is None else f'{b:.3f}'} before")
 
-    def _sample(self, base_url: str, seconds: float, incarnation: int, srv: Any) -> list[tuple[float, dict]]:
-        """``(monotonic s, counters)`` every :data:`POLL_S` over ``seconds``, on one
-        incarnation only (stops at another restart, e.g. a circuit breaker's)."""
+    def _not_ready(self, srv: Any, obs: dict[str, Any], target: str) -> Evidence:
+        """No incarnation with the new settings became ready. If the old one was replaced the
+        swap acted and the system did not come back (judged by the recovery checks);
+        otherwise nothing was swapped."""
+        f, p = self.facts or {}, self.params
+        limit = (f"{p.ready_timeout_s:.0f} s of the swap" if p.ready_timeout_s is not None else
+                 f"the stack's startup timeout ({getattr(srv, 'startup_timeout_s', '?')} s from its start)")
+        state = getattr(srv, "state", "?")
+        if int(srv.incarnation) < f["incarnation"]:
+            return Evidence(False, obs, f"{target}: the server was not restarted with the new settings within "
+                                        f"{limit} (incarnation {srv.incarnation}, state {state})")
+        obs["not_ready"] = {"incarnation": int(srv.incarnation), "state": state}
+        return Evidence(True, obs, f"{target}: {f['old']} → {obs['new']}: the old incarnation was replaced, and the "
+                                   f"new one was not ready within {limit} (state {state}): the server did not come "
+                                   f"back from the swap, a recovery failure the recovery checks judge")
+
+    def _breaker_measured(self, ctx: FaultContext, obs: dict[str, Any], new: dict[str, Any], inc: int,
+                          head: str) -> Evidence:
+        """Another restart ended incarnation ``inc`` before one read of ``/metrics`` answered:
+        the acceptance a circuit breaker measured on it (its ``breaker_tripped`` event that
+        replaced ``new`` settings after ``inc``), else no evidence."""
+        trips = [e for e in ctx.timeline.select(event="breaker_tripped")
+                 if int(e.get("incarnation") or 0) > inc and e.get("old") == new and e.get("rejection_rate") is not None]
+        if not trips:
+            return Evidence(False, obs, head + f"; incarnation {inc} was replaced before /metrics could be read on it")
+        trip = trips[0]
+        obs["after"] = {"drafts": None, "draft_tokens": trip.get("draft_tokens"), "accepted_tokens": None,
+                        "acceptance_rate": round(1 - float(trip["rejection_rate"]), 4), "mean_acceptance_length": None}
+        obs["window_s"], obs["spec_metrics"] = trip.get("window_s"), True
+        obs["measured_by"] = ("the circuit breaker's window over the scraper's /metrics lines: acceptance rate = "
+                              "1 − rejection rate (Δaccepted ÷ Δdraft tokens)")
+        return Evidence(True, obs, head + f"; acceptance rate {obs['after']['acceptance_rate']:.3f} over "
+                                          f"{obs['window_s']} s as the circuit breaker measured it, which replaced "
+                                          f"incarnation {inc} before this fault's own read of /metrics answered")
+
+    def _sample(self, base_url: str, measure_s: float, budget_s: float, incarnation: int,
+                srv: Any) -> list[tuple[float, dict]]:
+        """``(monotonic s, counters)`` every :data:`POLL_S`, on one incarnation only (stops at
+        another restart, e.g. a circuit breaker's), until two reads span ``measure_s``; a read
+        that fails (a loaded host answers late) is retried for ``budget_s`` seconds in all."""
         out: list[tuple[float, dict]] = []
-        end = time.monotonic() + seconds
+        deadline = time.monotonic() + budget_s
         while True:
-            m = read_metrics(base_url, timeout_s=METRICS_TIMEOUT_S, names=SPEC_METRICS + ("vllm:generation_tokens_total",))
+            left = deadline - time.monotonic()
+            m = read_metrics(base_url, timeout_s=max(0.1, min(METRICS_TIMEOUT_S, left)),
+                             names=SPEC_METRICS + ("vllm:generation_tokens_total",))
             if int(srv.incarnation) != incarnation:
                 break
             if m is not None:
                 out.append((time.monotonic(), m))
-            if time.monotonic() >= end and len(out) >= 2:
+            if len(out) >= 2 and out[-1][0] - out[0][0] >= measure_s:
                 break
-            if time.monotonic() >= end + METRICS_TIMEOUT_S:
+            if time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
         return out
@@ -283,7 +340,8 @@ class DraftSwap(Fault):
     def clear(self, ctx: FaultContext) -> None:
         """Ask for a planned restart back to the original settings (does not wait for it).
         Idempotent: nothing when already asked or never injected; nothing either when the
-        server is stopped (the run is ending).
+        server is stopped (the run is ending), gave up or failed (nothing runs to restore:
+        the recovery checks judge the outage).
 
         Raises:
             FaultError: the restore could not be asked for (server gone, draft vanished).
@@ -300,7 +358,8 @@ class DraftSwap(Fault):
             return
         old = self.facts["old"]
         self._restored = True
-        if getattr(srv, "state", "") == "stopped":
+        if getattr(srv, "state", "") in ("stopped", "gave_up", "failed"):
+            log.warning("%s: the server is %s: nothing to restore", self.describe_target(ctx), srv.state)
             return
         try:
             srv.respeculate(old["method"], old["draft"], old["num_speculative_tokens"],

@@ -76,6 +76,7 @@ _POLL_S = 0.5            # readiness poll interval
 _WATCH_S = 0.2           # exit detection latency while running
 _SNAPSHOT_S = 2.0        # how often the process tree is re-captured while running
 _PORT_FREE_TIMEOUT_S = 30.0
+_KILL_WAIT_S = 15.0      # a replaced incarnation's tree killed (kill_tree: up to 8 s) and reaped (5 s)
 _PROBE_PROMPT = "The quick server"
 
 #: Seconds a server that is not ready in its current incarnation (still starting, or
@@ -324,21 +325,44 @@ class LocalServer:
             hint="read the log; on a busy machine raise stack.startup_timeout_s",
         )
 
-    def wait_for_incarnation(self, n: int, timeout_s: float) -> float | None:
+    def wait_for_incarnation(self, n: int, timeout_s: float | None = None) -> float | None:
         """Block until an incarnation ``>= n`` is ready; its ready time (epoch s), or None.
 
-        None when ``timeout_s`` passes first, or the server gave up or was stopped.
+        None when the wait ends first: after ``timeout_s`` seconds, or — with ``timeout_s``
+        None — once incarnation ``n`` has run :attr:`startup_timeout_s` seconds since its
+        spawn without being ready (the supervisor's own limit for a start: a slow host makes
+        the wait longer, never shorter than the stack allows); and as soon as the server gave
+        up, failed or was stopped. Before ``n`` is spawned (the previous incarnation is still
+        being stopped, or a crash restart's back-off runs) a ``None`` wait goes on, at most
+        :meth:`start_wait_s` in all.
         """
         def ready() -> float | None:
             ks = [k for k in self._ready_at if k >= n]
             return self._ready_at[min(ks)] if ks else None
 
+        def start_ran_out() -> bool:
+            spawned = self._spawned_at.get(n)
+            return (timeout_s is None and spawned is not None and n not in self._ready_at
+                    and now() - spawned >= self.startup_timeout_s)
+
+        deadline = time.monotonic() + (self.start_wait_s() if timeout_s is None else max(0.0, timeout_s))
         with self._cond:
-            self._cond.wait_for(
-                lambda: ready() is not None or self._state in ("failed", "gave_up", "stopped"),
-                max(0.0, timeout_s),
-            )
-            return ready()
+            while True:
+                at = ready()
+                if at is not None or self._state in ("failed", "gave_up", "stopped") or start_ran_out():
+                    return at
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, _POLL_S))
+
+    def start_wait_s(self) -> float:
+        """The longest a planned or supervised restart may take before the supervisor ends it
+        as a failed start: stopping the old incarnation (:attr:`respeculate_grace_s`, its
+        tree's kill, the port freed), the crash back-off (``restart.backoff_max_s``), then
+        :attr:`startup_timeout_s` for the new one to be ready (seconds)."""
+        return (self.respeculate_grace_s + _KILL_WAIT_S + _PORT_FREE_TIMEOUT_S + self.restart.backoff_max_s
+                + self.startup_timeout_s)
 
     def is_up(self) -> bool:
         """The current incarnation is ready and its API process is alive."""

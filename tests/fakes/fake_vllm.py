@@ -56,6 +56,9 @@ pieces). They need no engine and work from the first second.
 
 Fake-only flags:
     --ready-after S       /health and generation answer 503 for S seconds after start-up
+    --metrics-stall-s S   ``GET /metrics`` answers only S seconds after start-up (a request
+                          before waits until then: a loaded host's API process that serves
+                          generations but answers its /metrics late)
     --crash MESSAGE       print a traceback ending in MESSAGE and exit 1 at once
     --ignore-sigterm [ROLES]  these roles (comma-separated: api, engine, worker; default
                           api) log ``fake vllm ignoring SIGTERM`` and ignore it from the
@@ -190,6 +193,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--disable-uvicorn-access-log", action="store_true")
     ap.add_argument("--ready-after", type=float, default=0.0)
+    ap.add_argument("--metrics-stall-s", type=float, default=0.0)
     ap.add_argument("--crash", default=None)
     ap.add_argument("--ignore-sigterm", nargs="?", const="api", default="")
     ap.add_argument("--term-delay", type=float, default=0.0)
@@ -677,6 +681,8 @@ class Handler(BaseHTTPRequestHandler):
                 "id": st.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
                 "root": st.args.model, "parent": None, "max_model_len": st.args.max_model_len}]})
         elif path == "/metrics":
+            if st.args.metrics_stall_s > 0:
+                time.sleep(max(0.0, (st.ready_at or time.monotonic()) + st.args.metrics_stall_s - time.monotonic()))
             data = st.engine.metrics_text().encode()
             self.send_response(200)
             self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
