@@ -114,7 +114,9 @@ def not_writable_root(tmp_path: Path, controller: str) -> Path:
 @pytest.fixture(autouse=True)
 def no_cgroup_left():
     """Autouse in the cgroup test modules: a ``specchaos-*`` cgroup a test leaves behind (e.g.
-    after a failed assertion) is reverted, then reported as a failure."""
+    after a failed assertion) is reverted, then reported as a failure. It sees the whole
+    hierarchy, so every module that makes cgroups is in the xdist group ``cgroups`` (one
+    worker runs them all: ``--dist loadgroup``), never beside another worker's."""
     def ours() -> set[Path]:
         out: set[Path] = set()
         for c in ("cpu", "memory"):
