@@ -253,6 +253,15 @@ class DraftSwap(Fault):
         wanted_method = f["old"]["method"] if p.method is None else method
         if new["method"] != wanted_method or (k is not None and new["num_speculative_tokens"] != k) \
                 or (draft is not None and Path(str(new["draft"])).name != Path(draft).name):
+            # a circuit breaker may have replaced the swapped incarnation before the supervisor's
+            # readiness probe saw it ready (load reaches a new server first): its trip measured it
+            started = next((r["new"] for r in getattr(srv, "respeculations", []) if r["incarnation"] == f["incarnation"]),
+                           None)
+            if started is not None and wanted_method is not None and inc > f["incarnation"]:
+                ev = self._breaker_measured(ctx, obs, started, f["incarnation"],
+                                            f"{target}: {f['old']} → {started} (incarnation {f['incarnation']})")
+                if ev.acted:
+                    return ev
             return Evidence(False, obs, f"{target}: the server runs {new}, not the settings asked")
         samples = self._sample(srv.base_url, p.measure_s, max(timeout_s, p.measure_s + METRICS_TIMEOUT_S), inc, srv)
         obs["spec_metrics"] = bool(samples) and samples[-1][1].get(DRAFT_TOKENS_METRIC) is not None
