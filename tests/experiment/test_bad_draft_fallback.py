@@ -10,11 +10,13 @@ import pytest
 
 from harness.experiment.runner import run
 from harness.stack.breaker import SpeculationBreaker
+from harness.stack.launchers import register_launcher
 from tests.experiment.fast_e2e import FAST, MODELS, _merge
 from tests.experiment.files import EXPERIMENTS, ci_form, run_pooled, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli
 from tests.experiment.test_network import doc
-from tests.fakes.stack import register_fake_launchers
+from tests.fakes.launch import FakeServer
+from tests.fakes.stack import FakeStack, register_fake_launchers
 from tests.procs import leaked_since, sut_pids
 
 FALLBACK = EXPERIMENTS / "bad-draft-fallback.yaml"
@@ -114,3 +116,45 @@ def test_bad_draft_fallback_on_the_real_stack(tmp_path, specchaos_pool):
     assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["passed"]
     assert rep["breaker"]["hard_trip"]["new"]["method"] is None
     assert leaked_since(before, pool=specchaos_pool) == []
+
+
+#: Seconds every restarted incarnation of the slow-restart fake takes to be ready: twice the
+#: fault phase's evidence timeout the test below sets.
+SLOW_RESTART_S = 4.0
+
+
+class SlowRestartServer(FakeServer):
+    """The fake's spec server on a loaded host: every incarnation after the first (the swap's,
+    the breaker's) is ready only :data:`SLOW_RESTART_S` seconds after it started."""
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        return cmd + ["--ready-after", str(SLOW_RESTART_S)] if self.incarnation > 0 else cmd
+
+
+class SlowRestartFakeStack(FakeStack):
+    launcher = "fake-slow-restart"
+
+    def new_server(self, name, model_dir, **kw):
+        cls = SlowRestartServer if name == "spec" else FakeServer
+        return cls(name, model_dir, fake_args=self.fake_args.get(name, []), **kw)
+
+
+@pytest.mark.nightly   # the mechanism is tested in tests/faults/test_draft_swap.py (seconds); this is the whole run
+@pytest.mark.timeout(240)
+def test_a_swap_slower_than_the_fault_timeout_is_a_slower_run_not_an_error(tmp_path):
+    """Issue 17: on a loaded host the swap's new incarnation was ready after the fault phase's
+    evidence window and the run ended in error. With restarts twice as slow as
+    ``phases.fault_timeout_s`` the run waits for them (the stack's startup timeout) and is judged."""
+    register_launcher(SlowRestartFakeStack.launcher, SlowRestartFakeStack)
+    d = fake_doc()
+    spec = d["configuration"]["specchaos"]
+    spec["stack"]["launcher"] = SlowRestartFakeStack.launcher
+    spec["phases"]["fault_timeout_s"] = SLOW_RESTART_S / 2
+    code, rep = run(write(tmp_path, d), tmp_path / "out")
+    failed = [c["name"] for c in rep["checks"] if c["passed"] is False]
+    assert rep["verdict"] != "error" and not rep["errors"], (rep["errors"], failed)
+    (fault,) = rep["faults"]
+    obs = fault["evidence"]["observations"]
+    assert fault["acted"] and obs["ready_after_s"] > spec["phases"]["fault_timeout_s"], obs
+    assert obs["after"]["acceptance_rate"] < 0.2
