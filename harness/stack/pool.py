@@ -20,8 +20,8 @@ and stops it, exactly as before. :class:`StackPool` is the provider of the pytes
   this pool started so far, ``stack_dir``) before anything else of the run acts.
 * **reuse only when fit**: the previous run released it *clean* (its fault ledger had no
   open fault, no cleanup step failed, no signal interrupted it), every server is up and runs
-  the speculative settings it was started with (a draft swap that was rolled back is fine; a
-  breaker left on plain decoding is not), and each server answers ``GET /health`` 200 and a
+  the speculative settings it was started with (a server a run left on others — a breaker's
+  plain decoding, a swap not rolled back — is restarted on them at release), and each server answers ``GET /health`` 200 and a
   1-token greedy completion within :data:`PROBE_TIMEOUT_S`. A healthy supervised restart
   is fine: the next run gets the whole ``restart.max_restarts`` budget again; a server still
   restarting when its run ends clean is waited for at release (its startup wait at most: a
@@ -174,7 +174,7 @@ class StackPool:
             p.busy, p.clean = False, clean
             _rebind(stack, p.idle_timeline)
             why = ("its run did not end clean" if not clean else "the pool is closed" if self._closed
-                   else _settle(p.stack) or _unfit_state(p.stack))
+                   else _restore(p.stack) or _settle(p.stack) or _unfit_state(p.stack))
             if why is not None:   # never kept idle when it cannot be reused
                 log.info("stopping the stack %s: %s", p.stack_dir.name, why)
                 self._stop(p)
@@ -227,6 +227,26 @@ class StackPool:
             if problem:
                 return f"server {name}: {problem}"
         return None
+
+
+def _restore(stack: Any) -> str | None:
+    """Ask every server left on other speculative settings than it was started with (a
+    breaker that fell back to plain decoding, a swap that was not rolled back) to restart on
+    its configured ones (:meth:`LocalServer.respeculate`: one server's restart, cheaper than a
+    fresh stack); :func:`_settle` then waits for it. None, or why it could not be asked (the
+    stack is then not kept)."""
+    for name, server in stack.servers.items():
+        configured = getattr(server, "configured_speculative", None)
+        if configured is None or server.speculative == configured or not hasattr(server, "respeculate"):
+            continue
+        log.info("server %s runs %s: restoring %s for the next run", name, server.speculative, configured)
+        try:
+            server.respeculate(configured.get("method"), configured.get("draft"),
+                               configured.get("num_speculative_tokens"),
+                               reason="the stack pool restores the configured settings for the next run")
+        except Exception as exc:  # noqa: BLE001 - the stack is then replaced, never reused half-restored
+            return f"server {name}: restoring its speculative settings failed: {exc}"
+    return None
 
 
 #: Seconds between two looks at a server that is settling (:func:`_settle`).

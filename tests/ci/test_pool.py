@@ -124,7 +124,7 @@ def test_another_stack_block_gets_its_own_stack_and_the_idle_one_is_stopped_firs
     assert replaced and "another configuration" in replaced[0]["reason"]
 
 
-def test_a_stack_left_on_other_speculative_settings_is_stopped_at_release(pool, tmp_path):
+def test_a_stack_left_on_other_speculative_settings_it_cannot_restore_is_stopped_at_release(pool, tmp_path):
     run_dir = tmp_path / "a"
     run_dir.mkdir()
     a = pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl"))
@@ -247,3 +247,26 @@ def test_the_real_supervisor_is_kept_after_a_kill_and_its_restart(tmp_path, monk
         b = pool.acquire(c, run_dir, Timeline(run_dir / "timeline.jsonl"))
         assert b is a and pool.starts == 1 and spec.restarts == []   # a whole budget for the next run
         pool.release(b, run_dir, clean=True)
+
+
+def test_a_server_left_on_plain_decoding_is_restored_at_release_and_reused(pool, tmp_path):
+    """A breaker left the speculative server on plain decoding: at release the pool asks it
+    back onto its configured settings (one server's restart), waits for it, keeps the stack."""
+    asked = []
+
+    def respeculate(method, draft=None, num_speculative_tokens=None, *, reason=""):
+        asked.append((method, draft, num_speculative_tokens, reason))
+        spec.speculative, spec.state, spec.looks = {"method": method}, "restarting", 0
+
+    a, _ = run(pool, tmp_path, "a", cfg())
+    spec = a.servers["spec"]
+    spec.respeculate = respeculate
+    run_dir = tmp_path / "b"
+    run_dir.mkdir()
+    assert pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl")) is a
+    spec.speculative = {"method": None}   # the breaker's hard trip
+    pool.release(a, run_dir, clean=True)
+    assert asked == [("draft_model", None, None, "the stack pool restores the configured settings for the next run")]
+    assert spec.speculative == spec.configured_speculative and spec.state == "ready" and not a.stopped
+    c, _ = run(pool, tmp_path, "c", cfg())
+    assert c is a and pool.starts == 1

