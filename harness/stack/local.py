@@ -750,13 +750,14 @@ class LocalServer:
             self._set_state("ready")
             self._capture_tree()
             roles = procs.tree_roles(self._api)
+            startup_s = ready_at - self._spawned_at[inc]
+            # on the timeline before anyone waiting for readiness wakes up and reads it
+            self._emit("server_ready", t=ready_at, pid=popen.pid, incarnation=inc, startup_s=round(startup_s, 3))
             self._cond.notify_all()
         for role in ("engine", "worker"):
             for p in roles[role]:
                 self._register(p.pid, f"server:{self.name}:{role}")
-        startup_s = ready_at - self._spawned_at[inc]
         log.info("server %s incarnation %d ready after %.1f s", self.name, inc, startup_s)
-        self._emit("server_ready", t=ready_at, pid=popen.pid, incarnation=inc, startup_s=round(startup_s, 3))
         return "ready"
 
     def _probe(self, client: httpx.Client) -> bool:

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from faults import cgroup
+from faults.ledger import Ledger
 from harness.errors import FaultError
 
 BUSY = "import time\nwhile True:\n    pass\n"
@@ -111,12 +112,19 @@ def not_writable_root(tmp_path: Path, controller: str) -> Path:
     return root
 
 
+#: Cgroup ids a test makes without a fault (``TreeCgroup`` directly) start with this, then the
+#: test process's pid: ``test-<pid>-<hex>``.
+TEST_ID_PREFIX = "test-"
+
+
 @pytest.fixture(autouse=True)
-def no_cgroup_left():
+def no_cgroup_left(tmp_path):
     """Autouse in the cgroup test modules: a ``specchaos-*`` cgroup a test leaves behind (e.g.
-    after a failed assertion) is reverted, then reported as a failure. It sees the whole
-    hierarchy, so every module that makes cgroups is in the xdist group ``cgroups`` (one
-    worker runs them all: ``--dist loadgroup``), never beside another worker's."""
+    after a failed assertion) is reverted, then reported as a failure. A cgroup counts as this
+    test's when its fault id is in a ledger under the test's ``tmp_path`` (every fault it
+    injects, in this process or in a ``specchaos run`` it starts, is recorded there first) or
+    it is ``test-<this pid>-*``: another xdist worker's cgroups, made meanwhile, are never taken
+    for a leak or reverted."""
     def ours() -> set[Path]:
         out: set[Path] = set()
         for c in ("cpu", "memory"):
@@ -128,7 +136,10 @@ def no_cgroup_left():
 
     before = ours()
     yield
-    left = sorted(ours() - before)
+    ids = {e.get("fault_id") for led in tmp_path.rglob("ledger.jsonl") for e in Ledger(led).entries()}
+    mine = f"{TEST_ID_PREFIX}{os.getpid()}-"
+    left = sorted(d for d in ours() - before
+                  if d.name.removeprefix(cgroup.PREFIX) in ids or d.name.removeprefix(cgroup.PREFIX).startswith(mine))
     for d in left:
         cgroup.revert({"path": str(d), "parent": str(d.parent)})
     assert not left, f"cgroups left behind: {left}"

@@ -23,7 +23,7 @@ from faults.ledger import Ledger
 from harness.errors import FaultError
 
 from .cgroups import ALLOC, BUSY, TREE, cpu_rate, needs_cgroup, not_writable_root, python, specchaos_cgroups
-from .cgroups import no_cgroup_left  # noqa: F401 - autouse fixture
+from .cgroups import TEST_ID_PREFIX, no_cgroup_left  # noqa: F401 - autouse fixture
 from .cgroups import writable as writable_cgroup
 from .conftest import wait_until
 
@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def fid() -> str:
-    return f"test-{uuid.uuid4().hex[:8]}"
+    """A cgroup id of this test process (``no_cgroup_left`` counts ``test-<pid>-*`` as its own)."""
+    return f"{TEST_ID_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def recorded(p: subprocess.Popen) -> tuple[int, float, list[str]]:
