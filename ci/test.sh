@@ -35,9 +35,9 @@ group() {   # group NAME PYTEST-ARGS...
 
 t_all=$SECONDS
 case "${1:-all}" in
-  fast)    group fast -m "not stack and not nightly" -n "$WORKERS" --dist loadgroup ;;
+  fast)    group fast -m "not stack and not nightly" -n "$WORKERS" --dist worksteal ;;
   stack)   group stack -m "stack and not nightly" --real-stack-coverage ;;
-  all)     group fast -m "not stack and not nightly" -n "$WORKERS" --dist loadgroup
+  all)     group fast -m "not stack and not nightly" -n "$WORKERS" --dist worksteal
            group stack -m "stack and not nightly" --real-stack-coverage ;;
   nightly) HYPOTHESIS_PROFILE=nightly group nightly -m "nightly or budget" ;;
   *)       echo "ci/test.sh: unknown tier '${1}' (fast, stack, all, nightly)" >&2; exit 2 ;;

@@ -30,10 +30,6 @@ from tests.faults.cgroups import no_cgroup_left  # noqa: F401 - autouse fixture
 from tests.faults.cgroups import needs_cgroup, not_writable_root, specchaos_cgroups
 from tests.procs import sut_pids, wait_for
 
-# One xdist worker runs every test that makes cgroups: their leak checks see the whole
-# hierarchy (tests/faults/cgroups.py: no_cgroup_left), and would take another worker's for a leak.
-pytestmark = pytest.mark.xdist_group("cgroups")
-
 EXPERIMENT = EXPERIMENTS / "thermal-throttle.yaml"
 
 

@@ -27,7 +27,7 @@ from .cgroups import TEST_ID_PREFIX, no_cgroup_left  # noqa: F401 - autouse fixt
 from .cgroups import writable as writable_cgroup
 from .conftest import wait_until
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.xdist_group("cgroups")]   # one xdist worker: see no_cgroup_left
+pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from .cgroups import TREE, PlainServer, cpu_rate, needs_cgroup, not_writable_roo
 from .cgroups import no_cgroup_left  # noqa: F401 - autouse fixture
 from .conftest import ServersStack, wait_until
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.xdist_group("cgroups")]   # one xdist worker: see no_cgroup_left
+pytestmark = pytest.mark.timeout(90)
 
 
 def tree(started, n: int = 2) -> PlainServer:

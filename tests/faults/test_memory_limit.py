@@ -24,7 +24,7 @@ from .cgroups import no_cgroup_left  # noqa: F401 - autouse fixture
 from .conftest import ServersStack, wait_until
 from .test_process_freeze import Stream
 
-pytestmark = [pytest.mark.timeout(90), needs_cgroup("memory"), pytest.mark.xdist_group("cgroups")]   # one xdist worker: see no_cgroup_left
+pytestmark = [pytest.mark.timeout(90), needs_cgroup("memory")]
 
 
 def allocator(started, total_mib: int, step_mib: int = 16) -> PlainServer:
