@@ -64,7 +64,7 @@ def test_a_background_fault_spans_the_fault_phase_and_recovery_waits_for_it(tmp_
     method = [
         {"type": "action", "name": "hog", "background": True,
          "provider": {"type": "python", "module": "harness.experiment.actions", "func": "hog_memory",
-                      "arguments": {"size_gib": 0.2, "duration_s": 6}}},
+                      "arguments": {"size_gib": 1, "duration_s": 6}}},   # well above what parallel tests move
         {"type": "action", "name": "kv",
          "provider": {"type": "python", "module": "harness.experiment.actions", "func": "pressure_kv_cache",
                       "arguments": {"concurrency": 4, "prompt_tokens": 200, "max_tokens": 32, "duration_s": 1}}},

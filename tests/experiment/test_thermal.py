@@ -69,11 +69,13 @@ def left_cgroups() -> list[Path]:
 def test_bad_arguments_are_one_line_and_nothing_is_applied(tmp_path, models_built, func, arguments, needles):
     if "gpu_clocks_mhz" in arguments and gpu.unavailable() is None:
         pytest.skip("this host has an NVIDIA GPU")
-    before, cgroups_before = sut_pids(), left_cgroups()
+    before = sut_pids()
     res = cli("run", str(write(tmp_path, thermal_doc(func, **arguments))), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, *needles)
+    # no ledger: no fault was even intended, so no cgroup of this run exists (the hierarchy as a
+    # whole is not compared: other xdist workers make cgroups meanwhile)
     assert not (tmp_path / "o" / "ledger.jsonl").exists() and not (tmp_path / "o" / "timeline.jsonl").exists()
-    assert sut_pids() - before == set() and left_cgroups() == cgroups_before
+    assert sut_pids() - before == set()
 
 
 @needs_cgroup("cpu")
