@@ -6,7 +6,6 @@ of ``draft-exact`` always), plus bad input through the real CLI."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
@@ -15,12 +14,12 @@ import faults.draft_swap as ds
 from faults.draft_swap import DraftSwap, DraftSwapParams, acceptance
 from faults.registry import REGISTRY, make_fault
 from harness.errors import ExperimentError, ModelError
-from harness.metrics.prometheus import sample_total
-from harness.stack.breaker import ACCEPTED, DRAFT_TOKENS, BreakerConfig, SpeculationBreaker
+from harness.stack.breaker import BreakerConfig, SpeculationBreaker
 from harness.stack.config import StackConfig
 from harness.stack.vllm import speculative_config
 from tests.experiment.test_bad_input import EXPERIMENT, assert_one_line_error, cli
 from tests.experiment.files import experiment_doc, write
+from tests.stack.test_breaker import feed_breaker
 
 from .conftest import ServersStack
 
@@ -274,15 +273,7 @@ def test_a_breaker_replacing_the_new_incarnation_before_a_read_supplies_the_acce
     monkeypatch.setattr(ds, "read_metrics", lambda *a, **kw: real_read(*a, **kw) if srv.incarnation == 0 else None)
 
     def poll() -> None:   # the run's metrics scraper, in small
-        with httpx.Client(trust_env=False, timeout=5) as c:
-            while not load.stop_.is_set():
-                try:
-                    text = c.get(srv.base_url + "/metrics").text
-                    breaker.observe({"t": time.time(), "server": "spec", "ok": True,
-                                     "counters": {n: sample_total(text, n) for n in (DRAFT_TOKENS, ACCEPTED)}})
-                except httpx.HTTPError:
-                    pass
-                load.stop_.wait(0.25)
+        feed_breaker(breaker, srv.base_url, load.stop_)
 
     with GreedyLoad(srv.base_url, srv.model) as load:
         while load.ok < 10:

@@ -20,6 +20,20 @@ from harness.stack.vllm import speculative_config
 from harness.timeline import Timeline
 
 
+
+def feed_breaker(breaker: SpeculationBreaker, base_url: str, stop: threading.Event, interval_s: float = 0.25) -> None:
+    """The run's metrics scraper, in small: every ``interval_s`` seconds until ``stop`` is set,
+    read ``base_url``'s /metrics and hand the breaker one ``spec`` line of its counters."""
+    with httpx.Client(trust_env=False, timeout=5) as c:
+        while not stop.is_set():
+            try:
+                text = c.get(base_url + "/metrics").text
+                breaker.observe({"t": time.time(), "server": "spec", "ok": True,
+                                 "counters": {n: sample_total(text, n) for n in (DRAFT_TOKENS, ACCEPTED)}})
+            except httpx.HTTPError:
+                pass
+            stop.wait(interval_s)
+
 def line(t: float, drafted: float | None, accepted: float | None, server: str = "spec", ok: bool = True) -> dict:
     if not ok:
         return {"t": t, "server": server, "ok": False, "error": "timeout"}
@@ -179,15 +193,7 @@ def test_breaker_on_the_supervised_fake_falls_back_to_plain(fake_server, tmp_pat
                     stop.wait(0.1)
 
     def poll() -> None:   # the tiny local poller (the run feeds the metrics scraper's lines)
-        with httpx.Client(trust_env=False, timeout=5) as c:
-            while not stop.is_set():
-                try:
-                    text = c.get(srv.base_url + "/metrics").text
-                    b.observe({"t": time.time(), "server": "spec", "ok": True,
-                               "counters": {n: sample_total(text, n) for n in (DRAFT_TOKENS, ACCEPTED)}})
-                except httpx.HTTPError:
-                    pass
-                stop.wait(0.25)
+        feed_breaker(b, srv.base_url, stop)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (load, load, poll)]
     for th in threads:
