@@ -21,8 +21,10 @@ and stops it, exactly as before. :class:`StackPool` is the provider of the pytes
 * **reuse only when fit**: the previous run released it *clean* (its fault ledger had no
   open fault, no cleanup step failed, no signal interrupted it), every server is up and runs
   the speculative settings it was started with (a server a run left on others — a breaker's
-  plain decoding, a swap not rolled back — is restarted on them at release), and each server answers ``GET /health`` 200 and a
-  1-token greedy completion within :data:`PROBE_TIMEOUT_S`. A healthy supervised restart
+  plain decoding, a swap not rolled back — is restarted on them when the stack is next
+  acquired, not at release: a stack nobody borrows again costs no restart; the run's
+  ``stack_pooled`` event then says ``restored: true``), and each server answers
+  ``GET /health`` 200 and a 1-token greedy completion within :data:`PROBE_TIMEOUT_S`. A healthy supervised restart
   is fine: the next run gets the whole ``restart.max_restarts`` budget again; a server still
   restarting when its run ends clean is waited for at release (its startup wait at most: a
   restart costs one server's start, a fresh stack both). Otherwise the stack is stopped and
@@ -104,6 +106,9 @@ class _Pooled:
     busy: bool = True
     clean: bool = True
     uses: int = 1
+    #: a server was left on other speculative settings than it was started with: restored at
+    #: the next acquire (not at release: a stack nobody borrows again is stopped as it is)
+    restore_pending: bool = False
     log_offsets: dict[str, tuple[Path, int]] = field(default_factory=dict)
 
 
@@ -130,7 +135,8 @@ class StackPool:
         key = stack_key(cfg)
         with self._lock:
             for p in [p for p in self._pooled if p.key == key and not p.busy]:
-                why = self._unfit(p)
+                restored = p.restore_pending
+                why = self._restore_pending(p) or self._unfit(p)
                 if why is None:
                     p.busy, p.uses = True, p.uses + 1
                     self.reuses += 1
@@ -138,7 +144,7 @@ class StackPool:
                     _take_run_settings(p.stack, cfg)
                     p.log_offsets = _log_offsets(p.stack)
                     timeline.emit("stack", "stack_pooled", key=key[:12], uses=p.uses, starts=self.starts,
-                                  stack_dir=str(p.stack_dir))
+                                  stack_dir=str(p.stack_dir), restored=restored)
                     log.info("reusing the started stack %s (use %d)", p.stack_dir.name, p.uses)
                     return p.stack
                 log.info("not reusing the stack %s: %s; starting a fresh one", p.stack_dir.name, why)
@@ -174,12 +180,34 @@ class StackPool:
             p.busy, p.clean = False, clean
             _rebind(stack, p.idle_timeline)
             why = ("its run did not end clean" if not clean else "the pool is closed" if self._closed
-                   else _restore(p.stack) or _settle(p.stack) or _unfit_state(p.stack))
+                   else _settle(p.stack) or _unfit_state(p.stack, speculative=False))
             if why is not None:   # never kept idle when it cannot be reused
                 log.info("stopping the stack %s: %s", p.stack_dir.name, why)
                 self._stop(p)
                 return
+            p.restore_pending = _unfit_state(p.stack) is not None
+            if p.restore_pending and not _restorable(p.stack):
+                log.info("stopping the stack %s: a server left on other speculative settings cannot restart "
+                         "on its configured ones", p.stack_dir.name)
+                self._stop(p)
+                return
             _sync_state(p)
+
+    def detach(self, cfg: Any, timeline: Timeline | None = None) -> Any | None:
+        """Hand an idle started stack of ``cfg``'s key out of the pool, as it is (no restore
+        of its speculative settings, no probe), its ``stack`` events sent to ``timeline``
+        when given: the caller owns it from now on and stops it (a test of stopping). None
+        when the pool holds no idle stack of that key."""
+        key = stack_key(cfg)
+        with self._lock:
+            p = next((p for p in self._pooled if p.key == key and not p.busy), None)
+            if p is None:
+                return None
+            self._pooled.remove(p)
+            p.state.close()
+            if timeline is not None:
+                _rebind(p.stack, timeline)
+            return p.stack
 
     def pids(self) -> set[int]:
         """Pids of the processes of every stack the pool holds now (each server's roles:
@@ -215,6 +243,18 @@ class StackPool:
             with contextlib.suppress(ValueError):
                 self._pooled.remove(p)
 
+    def _restore_pending(self, p: _Pooled) -> str | None:
+        """Restore the speculative settings a server of ``p`` was left on (:func:`_restore`)
+        and wait for it (:func:`_settle`), when its last run left them changed. None, or why
+        that failed (the stack is then replaced)."""
+        if not p.restore_pending:
+            return None
+        p.restore_pending = False
+        why = _restore(p.stack) or _settle(p.stack)
+        if why is None:
+            _sync_state(p)
+        return why
+
     def _unfit(self, p: _Pooled) -> str | None:
         """Why ``p`` must not be reused, or None."""
         if not p.clean:
@@ -249,6 +289,13 @@ def _restore(stack: Any) -> str | None:
     return None
 
 
+def _restorable(stack: Any) -> bool:
+    """Every server left on other speculative settings than it was started with can be asked
+    back onto them (it has ``respeculate``)."""
+    return all(hasattr(server, "respeculate") for server in stack.servers.values()
+               if getattr(server, "configured_speculative", None) not in (None, server.speculative))
+
+
 #: Seconds between two looks at a server that is settling (:func:`_settle`).
 SETTLE_POLL_S = 0.2
 
@@ -274,13 +321,14 @@ def _settle(stack: Any) -> str | None:
     return None
 
 
-def _unfit_state(stack: Any) -> str | None:
+def _unfit_state(stack: Any, speculative: bool = True) -> str | None:
     """Why ``stack`` cannot be reused from its servers' state alone (other speculative
-    settings than it was started with, a server not up), or None; no request is sent. A
-    supervised restart alone does not make it unfit: the restarted server runs them."""
+    settings than it was started with — only when ``speculative`` —, a server not up), or
+    None; no request is sent. A supervised restart alone does not make it unfit: the
+    restarted server runs them."""
     for name, server in stack.servers.items():
         configured = getattr(server, "configured_speculative", None)
-        if configured is not None and server.speculative != configured:
+        if speculative and configured is not None and server.speculative != configured:
             return (f"server {name} runs other speculative settings than it was started with "
                     f"({server.speculative}, incarnation {server.incarnation})")
         is_up = getattr(server, "is_up", None)

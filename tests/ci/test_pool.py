@@ -249,9 +249,10 @@ def test_the_real_supervisor_is_kept_after_a_kill_and_its_restart(tmp_path, monk
         pool.release(b, run_dir, clean=True)
 
 
-def test_a_server_left_on_plain_decoding_is_restored_at_release_and_reused(pool, tmp_path):
-    """A breaker left the speculative server on plain decoding: at release the pool asks it
-    back onto its configured settings (one server's restart), waits for it, keeps the stack."""
+def test_a_server_left_on_plain_decoding_is_restored_at_the_next_acquire_and_reused(pool, tmp_path):
+    """A breaker left the speculative server on plain decoding: the pool keeps the stack and,
+    when it is next acquired, asks the server back onto its configured settings (one
+    server's restart), waits for it, hands it out (``restored: true`` on the run's timeline)."""
     asked = []
 
     def respeculate(method, draft=None, num_speculative_tokens=None, *, reason=""):
@@ -266,7 +267,39 @@ def test_a_server_left_on_plain_decoding_is_restored_at_release_and_reused(pool,
     assert pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl")) is a
     spec.speculative = {"method": None}   # the breaker's hard trip
     pool.release(a, run_dir, clean=True)
+    assert asked == [] and not a.stopped   # nothing restarts until someone borrows it again
+    c, dir_c = run(pool, tmp_path, "c", cfg())
     assert asked == [("draft_model", None, None, "the stack pool restores the configured settings for the next run")]
-    assert spec.speculative == spec.configured_speculative and spec.state == "ready" and not a.stopped
-    c, _ = run(pool, tmp_path, "c", cfg())
     assert c is a and pool.starts == 1
+    assert spec.speculative == spec.configured_speculative and spec.state == "ready"
+    (pooled,) = [e for e in read_timeline(dir_c / "timeline.jsonl") if e["event"] == "stack_pooled"]
+    assert pooled["restored"] is True
+
+
+def test_a_stack_nobody_borrows_again_is_stopped_as_it_is(pool, tmp_path):
+    """A run left the server on plain decoding and no run borrows the stack again: closing the
+    pool stops it without a restart on the configured settings first."""
+    asked = []
+    a, _ = run(pool, tmp_path, "a", cfg())
+    spec = a.servers["spec"]
+    spec.respeculate = lambda *a, **kw: asked.append(a)
+    run_dir = tmp_path / "b"
+    run_dir.mkdir()
+    assert pool.acquire(cfg(), run_dir, Timeline(run_dir / "timeline.jsonl")) is a
+    spec.speculative = {"method": None}
+    pool.release(a, run_dir, clean=True)
+    pool.close()
+    assert a.stopped and asked == []
+
+
+def test_detach_hands_out_the_idle_stack_as_it_is(pool, tmp_path):
+    """``detach``: the idle stack of a key leaves the pool unchanged (no restore, no probe),
+    the caller stops it; the pool no longer holds or stops it; no idle stack gives None."""
+    assert pool.detach(cfg()) is None
+    a, _ = run(pool, tmp_path, "a", cfg())
+    a.servers["spec"].speculative = {"method": None}
+    assert pool.detach(cfg(num_speculative_tokens=2)) is None   # another key
+    assert pool.detach(cfg()) is a and not a.stopped
+    assert pool.detach(cfg()) is None and pool.pids() == set()
+    pool.close()
+    assert not a.stopped   # the caller's now

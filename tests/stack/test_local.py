@@ -23,6 +23,8 @@ from harness.stack.config import StackConfig
 from harness.stack import procs
 from harness.stack.local import LocalServer, LocalStack
 from harness.stack.ports import free_ports
+from harness.stack.vllm import vllm_distribution
+from tests.conftest import REAL_STACK
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
@@ -209,10 +211,29 @@ def test_worker_kill_is_restarted_by_the_supervisor(real_stack):
     assert new["worker"] and new["worker"][0].pid != worker.pid
 
 
+@pytest.fixture
+def detached_stack(request, stack_home):
+    """``(stack, timeline)``: the session's shared stack taken out of the pool as it is (a run
+    before may have left it on plain decoding: stopping does not care, and no restart is paid
+    to restore it), its events on the session's stack timeline. The test stops it."""
+    if vllm_distribution() is None:
+        pytest.skip("vLLM is not installed")
+    pool = request.getfixturevalue("specchaos_pool")
+    run_dir, timeline = stack_home
+    stack = pool.detach(REAL_STACK, timeline)
+    if stack is None:   # nothing pooled yet (this test alone): start one
+        pool.release(pool.acquire(REAL_STACK, run_dir, timeline), run_dir, clean=True)
+        stack = pool.detach(REAL_STACK, timeline)
+    try:
+        yield stack, timeline
+    finally:
+        stack.stop()
+
+
 @pytest.mark.stops_stack
-def test_stop_leaves_no_process(real_stack):
+def test_stop_leaves_no_process(detached_stack):
     """Runs last (``stops_stack``): stop the shared stack and check every process of both trees is gone."""
-    st, tl = real_stack.stack, real_stack.timeline
+    st, tl = detached_stack
     trees = {name: tree_of(s) for name, s in st.servers.items()}
     pgids = {name: s._popen.pid for name, s in st.servers.items()}
     assert all(len(t) >= 3 for t in trees.values())
