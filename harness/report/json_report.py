@@ -31,7 +31,9 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                       "failed_tries"}}}}} (harness.checks.availability),
      "requests": {"total", "ok", "failed", "client_ok" (tries), "logical", "logical_failed"},
      "integrity": {"compared", "mismatched", "near_ties" (a greedy flip at a near-tie of the
-                   reference's logprobs, not counted as mismatched), "malformed", "false_success",
+                   reference's logprobs, not counted as mismatched), "malformed", "cut_by_planned_stop"
+                   (cut while the harness stopped the server for a planned restart, not
+                   counted as malformed), "false_success",
                    "not_comparable" (sampled, not compared), "first_divergence", "examples"},
      "mirror": {"enabled", "groups": [...]} (speculative vs plain, :mod:`harness.checks.mirror`),
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",

@@ -260,7 +260,8 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
     if rec.get("resolution_s") is not None:
         tab.add_row("recovery resolution", f"{rec['resolution_s'] * 1000:.0f} ms")
     integ = report.get("integrity") or {}
-    for key in ("compared", "mismatched", "near_ties", "malformed", "false_success", "not_comparable"):
+    for key in ("compared", "mismatched", "near_ties", "malformed", "cut_by_planned_stop", "false_success",
+                "not_comparable"):
         if key in integ:
             tab.add_row(key.replace("_", " "), str(integ[key]))
     if integ.get("first_divergence"):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.checks.integrity import divergence_index, first_divergence, integrity_checks
+from harness.checks.integrity import divergence_index, first_divergence, integrity_checks, planned_stop_windows
 from harness.load.records import is_complete
 from tests.factories import cut, fail, make_record
 
@@ -187,6 +187,37 @@ def test_done_without_finish_reason_labelled_bad_payload_by_the_client_is_malfor
     honest = dataclasses.replace(make_record(), error="stream_error", ok=False)
     _, s = integrity_checks([honest], {0: ref_for(0)}, min_compared=0)
     assert s["malformed"] == 0
+
+
+def test_planned_stop_windows_run_from_the_order_to_the_expected_exit():
+    events = [{"t": 10.0, "event": "server_respeculating", "server": "spec"},
+              {"t": 11.0, "event": "server_exited", "server": "ref", "expected": True},
+              {"t": 12.5, "event": "server_exited", "server": "spec", "expected": True},
+              {"t": 20.0, "event": "server_exited", "server": "spec", "expected": False},   # a kill: no window
+              {"t": 30.0, "event": "server_respeculating", "server": "spec"}]                # never exited: none
+    assert planned_stop_windows(events) == [("spec", 10.0, 12.5)]
+
+
+def test_a_response_cut_by_a_planned_restart_is_counted_apart_and_any_other_still_fails():
+    """vLLM answering [DONE] without finish_reason while the harness stops it for a planned
+    restart is counted ``cut_by_planned_stop``; the same defect outside the window, or on
+    another server, is malformed; a false success inside the window still fails."""
+    def done_without_finish(send_time, server="spec", **kw):
+        return dataclasses.replace(make_record(), finish_reason=None, error="bad_payload", ok=False,
+                                   send_time=send_time, e2e_s=0.07, server=server, **kw)
+
+    windows = [("spec", 100.0, 101.0)]
+    inside = done_without_finish(100.5)
+    checks, s = integrity_checks([inside, make_record()], {0: ref_for(0)}, min_compared=1, planned_stops=windows)
+    assert s["malformed"] == 0 and s["cut_by_planned_stop"] == 1
+    assert s["examples"]["cut_by_planned_stop"][0]["request_id"] == inside.request_id
+    assert all(c.passed for c in checks) and "1 cut while the harness stopped" in by_name(checks)["integrity.malformed"].detail
+    for bad in (done_without_finish(99.0), done_without_finish(101.5), done_without_finish(100.5, server="ref")):
+        checks, s = integrity_checks([bad], {0: ref_for(0)}, min_compared=0, planned_stops=windows)
+        assert s["malformed"] == 1 and s["cut_by_planned_stop"] == 0 and not by_name(checks)["integrity.malformed"].passed
+    lying = cut(dataclasses.replace(make_record(), send_time=100.2), 2, labelled_ok=True)
+    checks, s = integrity_checks([lying], {0: ref_for(0)}, min_compared=0, planned_stops=windows)
+    assert s["false_success"] == 1 and not by_name(checks)["integrity.false_success"].passed
 
 
 def test_honest_errors_are_neither_malformed_nor_false_success():
