@@ -45,21 +45,26 @@ def needs_cgroup(controller: str):
 
 def cpu_rate(pids: list[int], seconds: float) -> float:
     """CPUs used by these processes together over ``seconds`` (psutil user+system)."""
+    return sum(cpu_rates(pids, seconds))
+
+
+def cpu_rates(pids: list[int], seconds: float) -> list[float]:
+    """CPUs used by each of these processes over one window of ``seconds`` (psutil
+    user+system; 0.0 for one that is gone): compare a process with a control measured in
+    the same window, which a busy host slows alike."""
     procs = [psutil.Process(p) for p in pids]
 
-    def total() -> float:
-        s = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                s += t.user + t.system
-            except psutil.Error:
-                pass
-        return s
+    def used(p: psutil.Process) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except psutil.Error:
+            return 0.0
 
-    c0, t0 = total(), time.monotonic()
+    c0, t0 = [used(p) for p in procs], time.monotonic()
     time.sleep(seconds)
-    return (total() - c0) / (time.monotonic() - t0)
+    dt = time.monotonic() - t0
+    return [(used(p) - c) / dt for p, c in zip(procs, c0)]
 
 
 def specchaos_cgroups(controller: str) -> list[Path]:

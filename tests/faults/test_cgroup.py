@@ -22,7 +22,7 @@ from faults import cgroup
 from faults.ledger import Ledger
 from harness.errors import FaultError
 
-from .cgroups import ALLOC, BUSY, TREE, cpu_rate, needs_cgroup, not_writable_root, python, specchaos_cgroups
+from .cgroups import ALLOC, BUSY, TREE, cpu_rate, cpu_rates, needs_cgroup, not_writable_root, python, specchaos_cgroups
 from .cgroups import TEST_ID_PREFIX, no_cgroup_left  # noqa: F401 - autouse fixture
 from .cgroups import writable as writable_cgroup
 from .conftest import wait_until
@@ -76,7 +76,12 @@ def test_a_busy_loop_is_throttled_to_its_quota_and_revert_restores_it(started):
     res = cgroup.revert(facts)                              # from the facts alone
     assert res["moved_back"] == [pid] and res["removed"] and res["lifted"] == {"cpu.cfs_quota_us": "-1"}
     assert not cg.path.exists() and cgroup.cgroup_of(pid, h) == origin
-    assert cpu_rate([pid], 1.0) > 1.8 * throttled
+    # no longer held to 0.1 CPU: it gets what an unthrottled busy loop gets in the same window
+    # (a busy host slows both alike)
+    control = started.popen(python(BUSY))
+    time.sleep(0.5)
+    after, free_control = cpu_rates([pid, control.pid], 2.0)
+    assert after > 0.12 and after > 0.6 * free_control, (throttled, after, free_control)
     assert cgroup.revert(facts)["removed"]                  # idempotent
 
 

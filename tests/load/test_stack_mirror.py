@@ -32,7 +32,27 @@ pytestmark = pytest.mark.stack
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SAMPLING = [{"name": "greedy", "weight": 1}, {"name": "t07p09", "temperature": 0.7, "top_p": 0.9, "weight": 1}]
-LOAD_S = 15.0   # about 100 requests per server at 4 users: every group of the section has some
+#: The load runs until every group of the section (bucket × sampling class, on both servers)
+#: has a complete response and each server has answered :data:`MIN_REQUESTS` requests (about
+#: 10 s here when the host is quiet), for :data:`MAX_LOAD_S` at most: a slow host makes the test
+#: slower, not failed.
+MIN_REQUESTS = 21
+MAX_LOAD_S = 90.0
+
+
+#: Seconds of load before the judged window (both servers warm).
+WARM_S = 3.0
+
+
+def every_group_answered(path: Path, since: float) -> bool:
+    """Whether the records at ``path`` sent from ``since`` (epoch seconds) on have a complete
+    response in every bucket × sampling class on both servers, and :data:`MIN_REQUESTS`
+    requests per server."""
+    recs = [r for r in read_records(path) if r.send_time >= since]
+    done = {(r.prompt_class, r.sampling, r.server) for r in recs if r.ok}
+    per_server = {srv: sum(1 for r in recs if r.server == srv) for srv in ("spec", "ref")}
+    return (all((b, c["name"], srv) in done for b in ("short", "medium", "long") for c in SAMPLING
+                for srv in ("spec", "ref")) and min(per_server.values()) >= MIN_REQUESTS)
 
 
 def test_mirror_on_the_real_stack(real_stack, tmp_path):
@@ -43,19 +63,20 @@ def test_mirror_on_the_real_stack(real_stack, tmp_path):
                                 "mirror": True, "sampling": SAMPLING},
                           mirror={"phases": ["baseline"], "min_requests": 3})
     lp = LocustProcess(spec.base_url, prompts_path=tmp_path / "prompts.json", records_path=tmp_path / "records.jsonl",
-                       model=spec.model, cfg=cfg.load, run_time_s=LOAD_S + 60, log_path=tmp_path / "locust.log",
+                       model=spec.model, cfg=cfg.load, run_time_s=MAX_LOAD_S + 30, log_path=tmp_path / "locust.log",
                        mirror_url=ref.base_url, mirror_model=ref.model)
     lp.start()
     t0 = time.time()
     try:
-        time.sleep(LOAD_S)
+        while not every_group_answered(tmp_path / "records.jsonl", t0 + WARM_S) and time.time() - t0 < MAX_LOAD_S:
+            time.sleep(1.0)
     finally:
         assert lp.stop(timeout_s=30) == 0, (tmp_path / "locust.log").read_text()[-2000:]
     t1 = time.time()
     recs = read_records(tmp_path / "records.jsonl")
     assert all(r.ok for r in recs), [(r.server, r.error, r.error_detail) for r in recs if not r.ok][:5]
     # the baseline: from 3 s in (both servers warm) to the end of the load
-    events = [{"t": t0 + 3.0, "source": "runner", "event": "phase_start", "phase": "baseline"},
+    events = [{"t": t0 + WARM_S, "source": "runner", "event": "phase_start", "phase": "baseline"},
               {"t": t1, "source": "runner", "event": "load_stopped"}]
     run = recorded_run(recs, [], events, cfg)
     sec = mirror.section(run)
