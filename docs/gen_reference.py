@@ -176,12 +176,22 @@ def model_classes(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
 
 
 def field_rows(schema: dict[str, Any], cls: type | None, defs_anchor: dict[str, str]) -> Iterator[str]:
+    """A Markdown table of ``schema``'s fields: type, default, constraints, description (the
+    schema's, the class's ``#:`` comment, else the first sentence of a nested model's doc)."""
     notes = comment_docs(cls) if cls is not None else {}
+    defs = {name: sub.get("description", "") for name, sub in (schema.get("$defs") or {}).items()}
+    models = model_classes(cls) if isinstance(cls, type) and issubclass(cls, BaseModel) else {}
     required = set(schema.get("required", []))
     yield "| field | type | default | constraints | description |"
     yield "| --- | --- | --- | --- | --- |"
     for name, prop in (schema.get("properties") or {}).items():
-        desc = inline_md(prop.get("description") or notes.get(name, ""))
+        desc = prop.get("description") or notes.get(name, "")
+        if not desc:
+            refs = [ref for field, ref in nested_refs({"properties": {name: prop}})]
+            if refs:
+                para = first_sentence(defs.get(refs[0]) or (models[refs[0]].__doc__ if refs[0] in models else ""))
+                desc = re.split(r"(?<=\.)\s", para, maxsplit=1)[0]
+        desc = inline_md(desc)
         yield (f"| `{name}` | {cell(schema_type(prop, defs_anchor))} | {cell(default_of(prop, name in required))} "
                f"| {cell(constraints(prop))} | {cell(desc)} |")
 
@@ -219,17 +229,18 @@ def configuration_page() -> str:
     schema = SpecchaosConfig.model_json_schema()
     defs = schema.get("$defs", {})
     classes = model_classes(SpecchaosConfig)
-    # each nested model gets its section at the first dotted path that reaches it
+    # each nested model gets its section at the first dotted path that reaches it, depth first
     order: list[tuple[str, str]] = []   # (path, $defs name)
     seen: set[str] = set()
-    queue = [(f"specchaos.{field}", ref) for field, ref in nested_refs(schema)]
-    while queue:
-        path, ref = queue.pop(0)
-        if ref in seen:
-            continue
-        seen.add(ref)
-        order.append((path, ref))
-        queue += [(f"{path}.{field}", sub) for field, sub in nested_refs(defs.get(ref, {}))]
+
+    def visit(path: str, node: dict[str, Any]) -> None:
+        for field, ref in nested_refs(node):
+            if ref not in seen:
+                seen.add(ref)
+                order.append((f"{path}.{field}", ref))
+                visit(f"{path}.{field}", defs.get(ref, {}))
+
+    visit("specchaos", schema)
     anchors = {ref: slug(path) for path, ref in order}
 
     lines = ["# Configuration: `configuration.specchaos`", "",
