@@ -31,21 +31,16 @@ def mkdocs_build(site: Path, config: Path = ROOT / "mkdocs.yml") -> subprocess.C
                            "--site-dir", str(site)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("docs") / "site"
-    res = mkdocs_build(out)
+def test_the_site_builds_strict_with_the_reference_generated_and_every_internal_link_resolves(tmp_path):
+    """One build (the slow part) for both: the links of the built site, and the reference
+    pages generated from the registries, the configuration model and the CLI."""
+    site = tmp_path / "site"
+    res = mkdocs_build(site)
     assert res.returncode == 0, res.stdout + res.stderr
-    return out
-
-
-def test_the_site_builds_strict_and_every_internal_link_resolves(site):
     assert (site / "index.html").is_file()
     problems = check_site(site)
     assert not problems, "\n".join(problems)
 
-
-def test_the_reference_is_generated_from_the_registries(site):
     faults = (site / "reference" / "faults" / "index.html").read_text(encoding="utf-8")
     for kind, cls in REGISTRY.items():
         assert f'id="{kind}"' in faults and cls.activity in faults, kind
@@ -58,6 +53,7 @@ def test_the_reference_is_generated_from_the_registries(site):
     for command in ("specchaos run", "specchaos validate", "specchaos report", "specchaos models build"):
         assert command in cli, command
     assert "schema_version" in (site / "reference" / "report" / "index.html").read_text(encoding="utf-8")
+    assert not (site / "gen_reference.py").exists()
 
 
 def test_the_link_check_reports_broken_links(tmp_path):
