@@ -5,6 +5,7 @@
 #   make test-fast     only the tests that need no real stack (parallel)
 #   make test-nightly  the nightly tier (full-length experiments x3, start refusals, the accuracy
 #                      bench, the property suite's nightly budget)
+#   make docs          build the docs site into site/ (mkdocs build --strict; reference generated from the code)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 MODELS  := models
@@ -12,7 +13,7 @@ OUT     := results/latest
 EXPERIMENT := experiments/kill-draft-worker.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test models run test test-fast test-nightly cleanup clean
+.PHONY: setup setup-test models run test test-fast test-nightly docs cleanup clean
 
 setup:
 	@ci/bootstrap.sh
@@ -35,9 +36,12 @@ test-fast: setup-test models
 test-nightly: setup-test models
 	@PYTEST_ARGS="$(PYTEST_ARGS)" ci/test.sh nightly
 
+docs: setup-test
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/python -m mkdocs build --strict --site-dir site
+
 cleanup:   # after a crash: no reinstall first when the venv exists
 	@[ -x $(VENV)/bin/specchaos ] || ci/bootstrap.sh
 	$(VENV)/bin/specchaos cleanup
 
 clean:
-	rm -rf results .pytest_cache
+	rm -rf results .pytest_cache site

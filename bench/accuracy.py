@@ -27,7 +27,7 @@ send time out; the bench's warm-ups repeat its first prompt, the harness's are t
 requests of its walk; the bench's ready-check request is turned off, so the warm-ups are
 all either side sends first): ``vllm bench serve`` spends ~9 s of CPU importing vLLM before its first
 request, and without warm-ups its runs began on a server idle that long and measured it
-slower (README, "Benchmarks"). The server-side means start at the scrape made when vLLM
+slower (docs/benchmarks.md). The server-side means start at the scrape made when vLLM
 had finished the warm-ups (:class:`WarmupMark`).
 
 On a 2-core machine the load client's own CPU slows the server, so the runs alternate
@@ -332,7 +332,7 @@ def pin_cores() -> dict[str, set[int]] | None:
     """CPU 0 for the measuring clients, the other allowed CPUs for the server, so neither
     client's own CPU use slows the server it measures (on 2 cores, unpinned, the server ran
     5 % slower under ``vllm bench serve``, which spends several times the harness's CPU per
-    request: README, "Benchmarks"). None where that is impossible (one CPU, not Linux)."""
+    request: docs/benchmarks.md). None where that is impossible (one CPU, not Linux)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     allowed = sorted(os.sched_getaffinity(0))

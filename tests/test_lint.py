@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECT = "E9,F63,F7,F82"
-SOURCES = ("harness", "faults", "chaosspecchaos", "tests", "bench", "ci")
+SOURCES = ("harness", "faults", "chaosspecchaos", "tests", "bench", "ci", "docs")
 
 
 def ruff() -> list[str]:

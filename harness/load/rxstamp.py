@@ -7,7 +7,7 @@ copied (Linux ``tcp_recv_timestamp``: the last segment read). So the time the lo
 process waits for a core (a busy host's run queue), for its turn in gevent's loop (other
 users' chunks parsed first) and the parsing itself (h11, httpx, httpx-sse, JSON) are no
 longer added to TTFT, ITL and E2E. Measured by ``bench/loadgen_capacity.py`` (timing
-error against the server's send instants; README, "Benchmarks").
+error against the server's send instants; docs/benchmarks.md).
 
 :func:`make_transport` is an ``httpx.HTTPTransport`` whose connections are
 :class:`StampedStream`\\ s (the network backend wraps httpcore's own ``SyncBackend``, so

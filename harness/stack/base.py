@@ -18,7 +18,7 @@ import psutil
 
 ROLES = ("api", "engine", "worker")
 
-#: What each role is, in words (``specchaos faults`` and the README show it).
+#: What each role is, in words (``specchaos faults`` and the generated docs reference show it).
 ROLE_DOCS = {
     "api": "the OpenAI API server process (python -m vllm.entrypoints.openai.api_server); "
            "killing it takes its engine and worker down with it",

@@ -1,7 +1,7 @@
 """The benchmark scripts: their pure helpers against hand-computed values (definitions as
 ``vllm bench serve``'s), bad arguments, and a short run of each (``--quick``) whose last
 line must be the JSON object with the documented keys and sane values. Targets are not
-checked here: absolute figures depend on the machine; the README gives the measured ones."""
+checked here: absolute figures depend on the machine; docs/benchmarks.md gives the measured ones."""
 
 from __future__ import annotations
 

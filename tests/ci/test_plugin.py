@@ -80,7 +80,7 @@ def test_collects_one_item_per_experiment_with_markers_from_tags():
     proc = pytest_plugin("--collect-only", "-q", "experiments/")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     items = _collected(proc)
-    assert len(items) == 8, items   # 7 experiments + selftest/corrupt-stream.yaml; nothing started
+    assert len(items) == 9, items   # 8 experiments + selftest/corrupt-stream.yaml; nothing started
     assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items
     gate = _collected(pytest_plugin("--collect-only", "-q", "-m", "gate", "experiments/"))
     assert sorted(i.split("::")[0] for i in gate) == [
@@ -88,7 +88,7 @@ def test_collects_one_item_per_experiment_with_markers_from_tags():
     slow = _collected(pytest_plugin("--collect-only", "-q", "-m", "slow", "experiments/"))
     assert sorted(i.split("::")[0] for i in slow) == [
         "experiments/bad-draft-fallback.yaml", "experiments/memory-pressure.yaml"]
-    assert len(_collected(pytest_plugin("--collect-only", "-q", "-m", "chaos", "experiments/"))) == 8
+    assert len(_collected(pytest_plugin("--collect-only", "-q", "-m", "chaos", "experiments/"))) == 9
 
 
 def test_glob_option_collects_and_plain_testpaths_never_do():

@@ -1,4 +1,4 @@
-"""The README's two recipes, done for real: a trivial fault family and a trivial check,
+"""The recipes of docs/explanation/extending.md, done for real: a trivial fault family and a trivial check,
 each written in a temporary module, registered with one line, and run through the fast
 end-to-end path (:mod:`tests.experiment.fast_e2e`) next to the built-in ones."""
 

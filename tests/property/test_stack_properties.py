@@ -1,6 +1,6 @@
 """Properties of the running speculative stack (spec: draft-model speculation; ref: the
 same target without it), on random requests. Requests go one at a time (a greedy
-request batched with others may round differently; see the README's integrity notes).
+request batched with others may round differently; see docs/guides/workload.md, sampling classes).
 The properties are the pure checkers of :mod:`tests.property.invariants`; a failure
 names every broken property and prints each request as a ``curl`` line to replay."""
 
