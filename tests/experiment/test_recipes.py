@@ -188,11 +188,14 @@ def test_a_fault_can_put_itself_on_the_load_path_without_touching_the_session(pl
                "provider": {"type": "python", "module": "harness.experiment.actions", "func": "tunnel",
                             "arguments": {"server": "spec"}}}]
     # the relay is a thread of this (test) process: under parallel tests its per-token latency
-    # swings; what is judged here is the load path, not the ratios
+    # swings, and on a loaded host it may deliver most responses of a phase in one chunk (a p95
+    # TPOT of 0: a ratio to it is undefined and fails). What is judged here is the load path:
+    # every other check passes, and the exit code is the verdict's
     code, rep, _, _ = run_fast(plugins, "tunnel", method=method,
                                degradation={"after_vs_baseline_max_ratio": 100.0, "fault_vs_baseline_max_ratio": 100.0})
     failed = [c for c in rep["checks"] if c["passed"] is False]
-    assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
+    assert not rep["errors"] and not [c for c in failed if not c["name"].endswith("_p95_ratio")], failed
+    assert code == (1 if failed else 0) and rep["verdict"] == ("fail" if failed else "pass")
     (fault,) = rep["faults"]
     assert fault["kind"] == "tunnel" and fault["acted"]
     assert fault["evidence"]["observations"]["bytes_relayed"] > 0   # the load really went through it
