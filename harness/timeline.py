@@ -14,6 +14,8 @@ Sources and events (the contract every room writes to and the judge reads):
              ``grace_s``, ``orphans``: [{pid, title, role, rss_bytes}]).
              ``server_respeculating`` (``server``, ``incarnation``: the new one, ``old``,
              ``new``: {method, draft, num_speculative_tokens}, ``reason``): a planned restart.
+             ``server_environment`` (``server``, ``incarnation``: the new one, ``env``: names
+             of the variables added, ``reason``): a planned restart with a fault's environment.
 ``breaker``: ``breaker_tripped`` / ``breaker_reenabled`` (``server``, ``level``, ``breach_t``,
              ``rejection_rate``, ``limit``, ``window_s``, ``draft_tokens``, ``old``, ``new``,
              ``incarnation``), see :mod:`harness.stack.breaker`.

@@ -3,6 +3,7 @@ one real stack (spec + ref on the tiny models, CPU) that every real-stack test s
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from harness.timeline import Timeline
 from tests import procs
 from tests.property import profiles as property_profiles
 from tests.fakes import FakeProcess, FakeServer
+from tests.fakes.cuda import build_native
 
 ROOT = Path(__file__).resolve().parents[1]
 assert procs.TAG   # tags this session's child processes before any starts (see tests/procs.py)
@@ -102,6 +104,20 @@ def fake_vllm():
     yield make
     left = [p.pid for fake in made for p in fake.stop()]
     assert not left, f"fake vLLM processes survived their test: {left}"
+
+
+@pytest.fixture(scope="session")
+def cuda_native(tmp_path_factory):
+    """The CUDA fault shim, the stub CUDA library and the driver program
+    (:mod:`tests.fakes.cuda`), compiled once per session into a temporary directory. Without
+    a C compiler the tests that need them are skipped, except in CI (``CI=true`` or
+    ``SPECCHAOS_REQUIRE_CC=1``, which ``.ci/run`` sets after installing one), where they fail."""
+    try:
+        return build_native(tmp_path_factory.mktemp("cuda-native"))
+    except RuntimeError as exc:
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("SPECCHAOS_REQUIRE_CC") == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

@@ -244,10 +244,13 @@ def _run_wide(i: int, samples: list[dict[str, Any]], sel: list[dict[str, Any]], 
         if g is None:
             out.append(_nj(name, limit, f"no {kind} ECC count in {phases} (ECC disabled or not supported on this GPU)"))
             continue
-        out.append(CheckResult(name, "gpu", g["per_hour"] <= limit, round(g["per_hour"], 3), limit,
-                               f"GPU {i}: {g['added']:g} {kind} ECC error(s) added within {cfg.ecc_window_s:g} s "
-                               f"({g['from_t']:.3f} → {g['to_t']:.3f}; {g['total_added']:g} in all {phases}) = "
-                               f"{g['per_hour']:.1f}/h (added in the worst window × 3600 ÷ {cfg.ecc_window_s:g})"))
+        if not g["total_added"]:
+            how = f"no {kind} ECC error added over {len(_points(sel, f'ecc_{kind}'))} samples in {phases}"
+        else:
+            how = (f"{g['added']:g} {kind} ECC error(s) added within {cfg.ecc_window_s:g} s ({g['from_t']:.3f} → "
+                   f"{g['to_t']:.3f}; {g['total_added']:g} in all {phases}) = {g['per_hour']:.1f}/h (added in the "
+                   f"worst window × 3600 ÷ {cfg.ecc_window_s:g})")
+        out.append(CheckResult(name, "gpu", g["per_hour"] <= limit, round(g["per_hour"], 3), limit, f"GPU {i}: {how}"))
     if cfg.max_pcie_utilisation is not None:
         utils = [u for u in (pcie_utilisation(s) for s in sel) if u is not None]
         name = f"{p}.pcie_utilisation_p95"
