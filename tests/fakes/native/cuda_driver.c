@@ -8,7 +8,7 @@
  *
  * Arguments (key=value): n (launches, default 10); api (one launch entry point, default
  * every one in turn); arm_after (create $SPECCHAOS_CUDA_FAULT_ARM_FILE after that many
- * launches); fork=1 (then fork: the child makes the same n launches, printing "proc": 1).
+ * launches, then wait 2 ms); fork=1 (then fork: the child makes the same n launches, printing "proc": 1).
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -49,6 +49,7 @@ static void run(int proc, int n, const char *api, int arm_after) {
         if (arm_after >= 0 && k == arm_after + 1 && getenv("SPECCHAOS_CUDA_FAULT_ARM_FILE")) {
             int fd = open(getenv("SPECCHAOS_CUDA_FAULT_ARM_FILE"), O_WRONLY | O_CREAT, 0644);
             if (fd >= 0) close(fd);
+            usleep(2000);   /* the shim looks for the file at most once a millisecond */
         }
         const char *a = api ? api : APIS[(k - 1) % 5];
         int rc = launch(a);
