@@ -45,8 +45,8 @@ What the shim cannot see: launches through function pointers a library fetched i
 (``cuGetProcAddress``, ``dlsym`` on a library handle, e.g. Triton's launcher) bypass
 ``LD_PRELOAD``. PyTorch's eager kernels (``cudaLaunchKernel``) and CUDA graph replays
 (``cudaGraphLaunch``) go through it. Its cost: a mutex per launch and an ``access(2)`` of the
-arm file at most once a millisecond — 50–100 ns per launch measured against the stub here,
-where a real kernel launch takes microseconds of CPU.
+arm file at most once a millisecond — 19–60 ns per launch measured against the stub here
+(``bench/gpu_costs.py``), where a real kernel launch takes microseconds of CPU.
 
 Example::
 

@@ -80,7 +80,7 @@ _REASON_BITS: "weakref.WeakKeyDictionary[Any, list[tuple[str, int]]]" = weakref.
 def _reason_bits() -> list[tuple[str, int]]:
     """``(name, bit)`` of every clock event (throttle) reason NVML names
     (``nvmlClocksEventReason*`` and the older ``nvmlClocksThrottleReason*``), read once per
-    NVML module: scanning the module's ~2500 names took 5 ms per GPU reading."""
+    NVML module: scanning its ~2500 names at every reading would cost 5 ms per GPU."""
     if pynvml not in _REASON_BITS:
         found = set()
         for attr in dir(pynvml):

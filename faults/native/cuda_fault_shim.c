@@ -33,7 +33,7 @@
  *                                  sets, e.g. VLLM::Worker); empty or unset: every process.
  *   SPECCHAOS_CUDA_FAULT_ARM_FILE  launches are counted only while this file exists (unset:
  *                                  always); looked up with access(2) at most once a
- *                                  millisecond (CLOCK_MONOTONIC_COARSE), at a launch.
+ *                                  millisecond (CLOCK_MONOTONIC, from the vDSO), at a launch.
  *   SPECCHAOS_CUDA_FAULT_LOG       a file to append one JSON line to per event:
  *                                  {"event": "armed"|"error", "t": epoch s, "pid", "title",
  *                                   "api", "launch": k, "error": code}; "armed" once per
@@ -43,9 +43,10 @@
  *
  * State is per process: the counter, the title match and the sticky error start afresh
  * in a forked child (pthread_atfork), so the Nth launch is the Nth of each matching process.
- * Cost per launch, measured against the stub on a loaded 2-core host: 4.5 ns for the call
- * alone, 50-100 ns through the shim (a mutex; an access(2) once a millisecond when armed
- * by file), against the microseconds a real kernel launch takes.
+ * Cost per launch, measured against the stub on a loaded 2-core host (bench/gpu_costs.py):
+ * about 4 ns for the call alone, 19-31 ns through the shim, 39-60 ns with an arm file (a
+ * clock read, and an access(2) once a millisecond), against the microseconds a real kernel
+ * launch takes.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -156,16 +157,16 @@ static void ensure_state(void) {
     S.next_arm_check_ns = 0;
 }
 
-static long long coarse_ns(void) {
+static long long monotonic_ns(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 /* Whether launches count now: the arm file exists (looked up at most once per millisecond). */
 static int armed(void) {
     if (!S.arm_file[0]) return 1;
-    long long t = coarse_ns();
+    long long t = monotonic_ns();
     if (t >= S.next_arm_check_ns) {
         S.armed = access(S.arm_file, F_OK) == 0;
         S.next_arm_check_ns = t + 1000000LL;

@@ -32,7 +32,7 @@ class CudaNative:
     driver: Path
 
     def drive(self, env: dict[str, str] | None, *args: str, title: str | None = None) -> list[dict[str, Any]]:
-        """Run the driver with ``args`` (``n=``, ``api=``, ``arm_after=``, ``fork=``), the shim
+        """Run the driver with ``args`` (``n=``, ``api=``, ``arm_after=``, ``fork=``, ``bench=``), the shim
         preloaded with ``env`` (None: no shim); ``title``: its argv[0], i.e. its process title.
         Returns its JSON lines."""
         full = dict(os.environ)

@@ -8,13 +8,15 @@
  *
  * Arguments (key=value): n (launches, default 10); api (one launch entry point, default
  * every one in turn); arm_after (create $SPECCHAOS_CUDA_FAULT_ARM_FILE after that many
- * launches, then wait 2 ms); fork=1 (then fork: the child makes the same n launches, printing "proc": 1).
+ * launches, then wait 2 ms); fork=1 (then fork: the child makes the same n launches, printing "proc": 1);
+ * bench=N (instead: time N cuLaunchKernel calls and print {"ns_per_launch": ...}).
  */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct { unsigned x, y, z; } dim3;
@@ -64,10 +66,22 @@ static void run(int proc, int n, const char *api, int arm_after) {
     fflush(stdout);
 }
 
+static void bench(long n) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) cuLaunchKernel((void *)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("{\"ns_per_launch\": %.2f}\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+}
+
 int main(int argc, char **argv) {
     int n = 10, arm_after = -1, do_fork = 0;
     const char *api = NULL;
     for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "bench=", 6)) {
+            bench(atol(argv[i] + 6));
+            return 0;
+        }
         if (!strncmp(argv[i], "n=", 2)) n = atoi(argv[i] + 2);
         else if (!strncmp(argv[i], "api=", 4)) api = argv[i] + 4;
         else if (!strncmp(argv[i], "arm_after=", 10)) arm_after = atoi(argv[i] + 10);
