@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -80,6 +79,7 @@ from faults.process_kill import server_of
 from harness import gpu
 from harness.clock import now
 from harness.errors import FaultError, SpecchaosError
+from harness.jsonl import read_objects
 from harness.stack.procs import ROLE_PREFIXES
 from harness.state import state_dir
 
@@ -179,18 +179,7 @@ def shim_env(shim: str | os.PathLike, *, error: int, nth_launch: int | None = No
 def read_shim_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The shim's log lines (``{"event": "armed"|"error", "t", "pid", "title", "api",
     "launch", "error"}``); a missing file is empty, a torn line is skipped."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for raw in p.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            line = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(line, dict):
-            out.append(line)
-    return out
+    return read_objects(path)
 
 
 class CudaErrorParams(FaultParams):

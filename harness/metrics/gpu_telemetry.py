@@ -29,6 +29,7 @@ from pathlib import Path
 
 from harness import gpu
 from harness.clock import now
+from harness.jsonl import read_objects
 from harness.timeline import Timeline
 
 __all__ = ["GpuSampler", "GPU_FILE", "DEFAULT_INTERVAL_S", "read_gpu_series"]
@@ -98,16 +99,6 @@ class GpuSampler:
 def read_gpu_series(path: str | Path) -> list[dict]:
     """The lines of a ``gpu.jsonl`` file in time order (see module doc); a missing file is
     empty, a line that is not a JSON object with a numeric ``t`` is skipped."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for raw in p.read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(line, dict) and isinstance(line.get("t"), (int, float)):
-            out.append(line)
+    out = [ln for ln in read_objects(path) if isinstance(ln.get("t"), (int, float))]
     out.sort(key=lambda ln: (ln["t"], ln.get("index", 0)))
     return out
