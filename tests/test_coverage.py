@@ -67,5 +67,7 @@ def test_families_for_gpu_hosts_are_named_apart_on_a_host_without_one(monkeypatc
     install(monkeypatch, {"gpus": [], "init_error": "library_not_found"})
     assert gpu_only_families({"cuda-error": CudaError, "process-kill": ProcessKill}) == {
         "cuda-error": "no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)"}
+    from faults.registry import REGISTRY
+    assert set(gpu_only_families(REGISTRY)) == {"cuda-error"}   # every other family is covered here
     install(monkeypatch, {"gpus": [{}]})   # a GPU: the family is covered like any other (here it lacks libcuda)
     assert "cuda-error" not in gpu_only_families({"cuda-error": CudaError})

@@ -157,3 +157,17 @@ def test_parameters_select_exactly_one_way():
                  "SPECCHAOS_CUDA_FAULT_SEED": "3", "SPECCHAOS_CUDA_FAULT_STICKY": "0",
                  "SPECCHAOS_CUDA_FAULT_TITLES": "VLLM::Worker", "SPECCHAOS_CUDA_FAULT_FRACTION": "0.01",
                  "SPECCHAOS_CUDA_FAULT_ARM_FILE": "/a", "SPECCHAOS_CUDA_FAULT_LOG": "/l"}
+
+
+def test_recover_after_a_crash_disarms_the_shim(tmp_path, monkeypatch):
+    arm = tmp_path / "armed"
+    arm.touch()
+    CudaError.recover({"fault_id": "cuda-error-1", "facts": {"arm_file": str(arm)}})
+    assert not arm.exists()
+    monkeypatch.setenv("SPECCHAOS_STATE_DIR", str(tmp_path))   # no facts written: found by the fault's id
+    by_id = tmp_path / "cuda-error" / "cuda-error-2" / "armed"
+    by_id.parent.mkdir(parents=True)
+    by_id.touch()
+    CudaError.recover({"fault_id": "cuda-error-2", "facts": {}})
+    assert not by_id.exists()
+    CudaError.recover({"fault_id": "cuda-error-3", "facts": {}})   # nothing there: nothing to do
