@@ -24,7 +24,8 @@ error query of that process, so the framework sees it wherever it looks.
    weights again), then **arms** the shim by creating its arm file. Launches are counted
    from the arming, in each process of the role (start-up launches are not counted).
 2. The shim logs every injected error (and each process's first counted launch) to a JSON
-   lines file; :meth:`CudaError.evidence` waits for the first injected error: the evidence
+   lines file, ``cuda-error/<fault id>/shim.jsonl`` in the run directory (beside the arm file
+   ``armed``); :meth:`CudaError.evidence` waits for the first injected error: the evidence
    is that a launch really failed, in which process (pid, title), after how many launches,
    and how long after the arming. No error within the evidence timeout (no load, too few
    launches, a role without kernels) is no evidence: the run is an error, never a pass.
@@ -270,7 +271,10 @@ class CudaError(Fault):
             raise FaultError(f"the {p.server} server cannot be restarted with another environment", where=target,
                              hint="use a supervised launcher (local)")
         shim = build_shim()
-        work = state_dir() / "cuda-error" / (self.fault_id or f"{self.kind}-{os.getpid()}")
+        # beside the run's timeline (the shim's log stays with the run), else in the state directory
+        tl_path = getattr(ctx.timeline, "path", None)
+        work = (Path(tl_path).parent if tl_path else state_dir()) / "cuda-error" / \
+            (self.fault_id or f"{self.kind}-{os.getpid()}")
         work.mkdir(parents=True, exist_ok=True)
         arm, log_file = work / "armed", work / "shim.jsonl"
         for f in (arm, log_file):

@@ -50,6 +50,8 @@ def test_a_cuda_error_and_gpu_defects_on_the_fake_stack(tmp_path, monkeypatch, c
     exits = [(e.get("reason"), e["expected"]) for e in spec if e["event"] == "server_exited"]
     assert ("environment", True) in exits and any(not expected for _, expected in exits)   # planned, then the crash
     assert rep["restarts"] == 1   # the supervisor brought the server back, without the shim
+    (shim_log,) = (out / "cuda-error").glob("*/shim.jsonl")   # the shim's own log stays with the run
+    assert [x["event"] for x in map(json.loads, shim_log.read_text().splitlines())] == ["armed", "error"]
 
     assert code == 1 and rep["verdict"] == "fail", rep["errors"]
     failed = sorted(c["name"] for c in rep["checks"] if c["passed"] is False)
