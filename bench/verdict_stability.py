@@ -45,7 +45,8 @@ repeats). Run it under the shared lock::
     flock /tmp/specchaos-vllm.lock .venv/bin/python bench/verdict_stability.py [--repeats 3] [--out DIR] [--pooled] [--busy] [FILE ...]
     .venv/bin/python bench/verdict_stability.py --summarize DIR     # the table again, from saved runs
 
-Default experiments: every ``experiments/*.yaml`` (not ``experiments/selftest/``). Default
+Default experiments: every ``experiments/*.yaml`` (not ``experiments/selftest/``), but one for
+GPU hosts (``gpu.require``) on a host without an NVIDIA GPU. Default
 ``--out``: ``results/stability-<date>-<time>``. ``DIR/stability.json`` is rewritten after
 every run (settings, each run's exit code, wall time and load average, and the rows);
 each run's CLI output goes to ``DIR/<stem>/<i>.log``. Its last line is a JSON object:
@@ -444,8 +445,28 @@ class PooledRunner:
                 session.set_stack_provider(None)
 
 
+def needs_gpu(path: Path) -> bool:
+    """Whether the experiment declares ``gpu.require`` (it runs on GPU hosts only)."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return False   # the validation reports it
+    spec = ((doc.get("configuration") or {}) if isinstance(doc, dict) else {}).get("specchaos") or {}
+    return bool((spec.get("gpu") or {}).get("require"))
+
+
 def experiment_files(names: list[str]) -> list[Path]:
-    files = [Path(n) for n in names] or sorted((ROOT / "experiments").glob("*.yaml"))
+    """The files given, or every ``experiments/*.yaml`` that this host can run: one for GPU
+    hosts (``gpu.require``) is left out, with a line saying why, where there is no NVIDIA GPU."""
+    files = [Path(n) for n in names]
+    if not files:
+        from harness import gpu   # the harness only when needed (module doc); its NVML probe is light
+        no_gpu = gpu.unavailable()
+        for f in sorted((ROOT / "experiments").glob("*.yaml")):
+            if no_gpu and needs_gpu(f):
+                print(f"{f.name}: left out, it runs on GPU hosts only ({no_gpu})", file=sys.stderr)
+            else:
+                files.append(f)
     if not files:
         raise BadInput("no experiment files given and none in experiments/*.yaml")
     for f in files:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from faults.base import Fault
 from faults.client_abort import ClientAbort
 from faults.cpu_throttle import CpuThrottle
+from faults.cuda_error import CudaError
 from faults.draft_swap import DraftSwap
 from faults.kv_pressure import KvPressure
 from faults.memory_hog import MemoryHog
@@ -32,6 +33,7 @@ REGISTRY: dict[str, type[Fault]] = {
     Network.kind: Network,
     ClientAbort.kind: ClientAbort,
     DraftSwap.kind: DraftSwap,
+    CudaError.kind: CudaError,
 }
 
 

@@ -14,6 +14,8 @@ Sources and events (the contract every room writes to and the judge reads):
              ``grace_s``, ``orphans``: [{pid, title, role, rss_bytes}]).
              ``server_respeculating`` (``server``, ``incarnation``: the new one, ``old``,
              ``new``: {method, draft, num_speculative_tokens}, ``reason``): a planned restart.
+             ``server_environment`` (``server``, ``incarnation``: the new one, ``env``: names
+             of the variables added, ``reason``): a planned restart with a fault's environment.
 ``breaker``: ``breaker_tripped`` / ``breaker_reenabled`` (``server``, ``level``, ``breach_t``,
              ``rejection_rate``, ``limit``, ``window_s``, ``draft_tokens``, ``old``, ``new``,
              ``incarnation``), see :mod:`harness.stack.breaker`.
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.clock import now
+from harness.jsonl import read_objects
 
 __all__ = ["Timeline", "read_timeline", "fault_summary", "recovery_reference", "server_events", "count_restarts"]
 
@@ -90,16 +93,7 @@ class Timeline:
 
 def read_timeline(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Events of a ``timeline.jsonl`` file in time order (a torn last line is skipped)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    events = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return sorted(events, key=lambda e: e["t"])
+    return sorted(read_objects(path), key=lambda e: e["t"])
 
 
 #: The stack's server lifecycle events.

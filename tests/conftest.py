@@ -3,6 +3,7 @@ one real stack (spec + ref on the tiny models, CPU) that every real-stack test s
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from harness.timeline import Timeline
 from tests import procs
 from tests.property import profiles as property_profiles
 from tests.fakes import FakeProcess, FakeServer
+from tests.fakes.cuda import build_native
 
 ROOT = Path(__file__).resolve().parents[1]
 assert procs.TAG   # tags this session's child processes before any starts (see tests/procs.py)
@@ -66,10 +68,13 @@ def pytest_sessionfinish(session, exitstatus):
         return
     from faults.registry import REGISTRY
     from harness.pytest_plugin import run_root
-    from tests.coverage import coverage_line, families_acted, ledgers_under
+    from tests.coverage import coverage_line, families_acted, gpu_only_families, ledgers_under
 
     acted = families_acted(ledgers_under(config._tmp_path_factory.getbasetemp(), run_root(config)))
-    line, missing = coverage_line(acted, REGISTRY)
+    gpu_only = gpu_only_families(REGISTRY)
+    line, missing = coverage_line(acted, [k for k in REGISTRY if k not in gpu_only])
+    if gpu_only:
+        line += f" (GPU hosts only, not here: {' '.join(sorted(gpu_only))}: {next(iter(gpu_only.values()))})"
     config.stash[_COVERAGE] = (line, missing)
     if missing and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -102,6 +107,20 @@ def fake_vllm():
     yield make
     left = [p.pid for fake in made for p in fake.stop()]
     assert not left, f"fake vLLM processes survived their test: {left}"
+
+
+@pytest.fixture(scope="session")
+def cuda_native(tmp_path_factory):
+    """The CUDA fault shim, the stub CUDA library and the driver program
+    (:mod:`tests.fakes.cuda`), compiled once per session into a temporary directory. Without
+    a C compiler the tests that need them are skipped, except in CI (``CI=true`` or
+    ``SPECCHAOS_REQUIRE_CC=1``, which ``.ci/run`` sets after installing one), where they fail."""
+    try:
+        return build_native(tmp_path_factory.mktemp("cuda-native"))
+    except RuntimeError as exc:
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("SPECCHAOS_REQUIRE_CC") == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

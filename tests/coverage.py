@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from harness.errors import SpecchaosError
+from harness.gpu import NO_GPU
 from tests.fakes.stack import FAKE_LAUNCHERS
 
 #: Launchers of the test suite's stand-ins (the fake vLLM under the real supervisor, the
@@ -63,6 +65,23 @@ def ledgers_under(*roots: Path | None) -> list[Path]:
         if root is not None and Path(root).is_dir():
             found.update(p.resolve() for p in Path(root).rglob("ledger.jsonl"))
     return sorted(found)
+
+
+def gpu_only_families(registry: dict[str, type]) -> dict[str, str]:
+    """Family → why this host cannot run it, for the families that need an NVIDIA GPU on a
+    host without one: their :meth:`~faults.base.Fault.check_host` (parameters at their
+    defaults, unvalidated) refuses with a line starting "no NVIDIA GPU". They cannot act
+    against the real vLLM here, so the coverage line names them apart instead of failing."""
+    out = {}
+    for kind, cls in registry.items():
+        try:
+            cls(cls.Params.model_construct()).check_host()
+        except SpecchaosError as exc:
+            if exc.message.startswith(NO_GPU):
+                out[kind] = exc.message
+        except Exception:  # noqa: BLE001 - a family that cannot be asked so is one to cover
+            continue
+    return out
 
 
 def coverage_line(acted: Counter, families: Iterable[str]) -> tuple[str, list[str]]:

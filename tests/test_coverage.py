@@ -56,3 +56,18 @@ def test_the_injector_records_the_stack_it_targets():
 
     assert system_of(Stack()) == REAL and system_of(None) == {}
     assert system_of(type("S", (), {"launcher": "docker"})()) == {"launcher": "docker"}
+
+
+def test_families_for_gpu_hosts_are_named_apart_on_a_host_without_one(monkeypatch):
+    from faults.cuda_error import CudaError
+    from faults.process_kill import ProcessKill
+    from tests.coverage import gpu_only_families
+    from tests.fakes.fake_nvml import install
+
+    install(monkeypatch, {"gpus": [], "init_error": "library_not_found"})
+    assert gpu_only_families({"cuda-error": CudaError, "process-kill": ProcessKill}) == {
+        "cuda-error": "no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)"}
+    from faults.registry import REGISTRY
+    assert set(gpu_only_families(REGISTRY)) == {"cuda-error"}   # every other family is covered here
+    install(monkeypatch, {"gpus": [{}]})   # a GPU: the family is covered like any other (here it lacks libcuda)
+    assert "cuda-error" not in gpu_only_families({"cuda-error": CudaError})

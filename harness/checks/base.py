@@ -26,8 +26,8 @@ class CheckResult:
         name: dotted name, e.g. ``"slo.baseline.ttft_p95_s"``, ``"integrity.mismatched"``,
             ``"recovery.time_to_healthy_s"``.
         category: ``"slo"``, ``"degradation"``, ``"integrity"``, ``"recovery"``,
-            ``"fail_fast"``, ``"liveness"``, ``"hang"``, ``"orphans"``, ``"coverage"``, ``"steady_state"``, ``"speculation"``, ``"memory"`` or
-            ``"fault"``.
+            ``"fail_fast"``, ``"liveness"``, ``"hang"``, ``"orphans"``, ``"coverage"``, ``"steady_state"``, ``"speculation"``, ``"memory"``,
+            ``"gpu"`` or ``"fault"``.
         passed: the verdict: True, False, or None when the check was **not judged** (its
             data is too thin to judge fairly, e.g. a p95 resting on fewer requests than
             ``metrics.min_samples``): neither passed nor failed, shown in the report with

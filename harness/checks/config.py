@@ -1,6 +1,7 @@
 """The limits the checks judge against, owned by the checks layer: the ``slo``,
-``degradation``, ``recovery``, ``fail_fast``, ``integrity``, ``liveness``, ``hang`` and ``mirror``
-blocks of an experiment's configuration. Latency limits are seconds (p95 over a phase), rates fractions in [0, 1].
+``degradation``, ``recovery``, ``fail_fast``, ``integrity``, ``liveness``, ``hang``, ``mirror``,
+``gpu`` and the other limit blocks of an experiment's configuration. Latency limits are seconds (p95 over a
+phase), rates fractions in [0, 1].
 
 :class:`CheckLimits` is what a check may read from the run's configuration; the
 experiment configuration (:class:`harness.experiment.config.SpecchaosConfig`) satisfies it.
@@ -16,7 +17,8 @@ from harness.metrics.config import GoodputConfig, MetricsConfig
 
 __all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
            "HangConfig", "ClientAbortConfig", "MirrorConfig", "CheckLimits", "AcceptanceFloorConfig", "SpeculationConfig",
-           "ServerMemoryConfig", "FallbackConfig", "SafeguardConfig", "SAFEGUARD_METRICS", "METHOD_PHASES"]
+           "ServerMemoryConfig", "FallbackConfig", "SafeguardConfig", "GpuConfig", "SAFEGUARD_METRICS", "METHOD_PHASES",
+           "THROTTLE_REASONS"]
 
 
 class _Strict(BaseModel):
@@ -192,6 +194,63 @@ class FallbackConfig(_Strict):
     max_s: float = Field(30.0, gt=0)
 
 
+#: The clock event (throttle) reasons a healthy GPU should not show while it serves
+#: (NVML's ``nvmlClocksEventReason*`` names, as ``gpu.jsonl`` records them): thermal
+#: slowdown (software and hardware), any hardware slowdown, the power brake, and the
+#: software power cap.
+THROTTLE_REASONS = ("SwThermalSlowdown", "HwThermalSlowdown", "HwSlowdown", "HwPowerBrakeSlowdown", "SwPowerCap")
+
+_Phase = Literal["baseline", "fault", "recovery", "after"]
+
+
+class GpuConfig(_Strict):
+    """GPU health (:mod:`harness.checks.gpu`), judged per GPU on the recorded ``gpu.jsonl``
+    (:mod:`harness.metrics.gpu_telemetry`). A limit set to None is not judged. On a host
+    without an NVIDIA GPU every GPU check is reported not judged (N/J) with the reason;
+    ``require: true`` makes ``specchaos validate`` refuse such a host instead (exit 2).
+
+    Run-wide checks look at the samples inside the phases of ``phases``:
+
+    * ``max_temperature_c``: the hottest sample, °C (85: the field's down-clock threshold).
+    * ``max_temperature_slope_c_per_min``: the steepest temperature change, °C per minute —
+      the least-squares slope of each window of ``slope_window_s`` seconds holding at least
+      ``min_samples`` samples over at least half the window, rising or falling (checklists
+      ask Δ < 5 °C/min under alternating load and idle).
+    * ``max_ecc_corrected_per_hour`` / ``max_ecc_uncorrected_per_hour``: ECC error growth
+      (volatile counts), per hour: the errors added within any window of ``ecc_window_s``
+      seconds × 3600 ÷ ``ecc_window_s`` (the window's nominal length, so a short run is never
+      extrapolated). 100/h corrected: below the 200+/h that field reports call a failing
+      board; uncorrected: none at all.
+    * ``max_pcie_utilisation``: p95 over the samples of max(TX, RX) ÷ the link's bandwidth
+      per direction (current generation and width), a fraction (0.9: PCIe at 92% starved
+      DMA in a field report).
+    * ``expected_xids``: XID numbers that do not fail the ``xid_events`` check; any other
+      XID event recorded is a failure.
+
+    Per phase:
+
+    * ``throttle_reasons``: the reasons that must not be seen in the phases of
+      ``throttle_phases`` (an experiment that throttles on purpose leaves its fault phase out).
+    * ``max_sm_clock_drop``: 1 − (the phase's median SM clock ÷ the baseline's median), in the
+      phases after the baseline; samples NVML marks ``GpuIdle`` are left out of both medians.
+    """
+
+    require: bool = False
+    phases: list[_Phase] = Field(default_factory=lambda: ["baseline", "fault", "recovery", "after"], min_length=1)
+    min_samples: int = Field(4, ge=2)
+    max_temperature_c: float | None = Field(85.0, gt=0)
+    max_temperature_slope_c_per_min: float | None = Field(5.0, gt=0)
+    slope_window_s: float = Field(60.0, gt=0)
+    max_ecc_corrected_per_hour: float | None = Field(100.0, ge=0)
+    max_ecc_uncorrected_per_hour: float | None = Field(0.0, ge=0)
+    ecc_window_s: float = Field(300.0, gt=0)
+    throttle_reasons: list[str] = Field(default_factory=lambda: list(THROTTLE_REASONS))
+    throttle_phases: list[_Phase] = Field(default_factory=lambda: ["baseline", "fault", "recovery", "after"])
+    max_sm_clock_drop: float | None = Field(0.15, gt=0, le=1)
+    max_pcie_utilisation: float | None = Field(0.9, gt=0, le=1)
+    expected_xids: list[int] = Field(default_factory=list)
+
+
 class CheckLimits(Protocol):
     """The configuration blocks a check may read (attributes of the run's configuration)."""
 
@@ -208,6 +267,7 @@ class CheckLimits(Protocol):
     speculation: SpeculationConfig
     server_memory: ServerMemoryConfig
     fallback: FallbackConfig
+    gpu: GpuConfig
     metrics: MetricsConfig
     safeguards: list["SafeguardConfig"]
 

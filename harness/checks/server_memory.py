@@ -41,20 +41,21 @@ judged** (``passed`` None, "not judged: ..." in the detail, N/J in every report)
 pass nor a failure, and left out of the verdict.
 
 * ``server_memory.gpu<i>.<phase>.memory_swing`` — the same over GPU *i*'s used memory ≤
-  ``server_memory.max_gpu_memory_swing``. Without an NVIDIA GPU nothing is judged and the
-  section carries the GPU telemetry's note (``no NVIDIA GPU on this host (...)``).
+  ``server_memory.max_gpu_memory_swing``, read from the GPU series the ``gpu`` checks judge
+  (:func:`harness.checks.gpu.series`). Without an NVIDIA GPU (or without GPU telemetry) one
+  check, ``server_memory.gpu.memory_swing``, is not judged with the telemetry's note (``no
+  NVIDIA GPU on this host (...)``), as every ``gpu`` check is; the section carries the note.
 
 A run without ``metrics.jsonl`` gets no RSS checks and a section note.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.config import ServerMemoryConfig
-from harness.checks.gpu import GPU_FILE
+from harness.checks.gpu import series as gpu_series, telemetry_note
 from harness.checks.speculation import series
 from harness.metrics.speculation import incarnation, server_lines, servers_in
 
@@ -129,20 +130,15 @@ def _cfg(run: RecordedRun) -> ServerMemoryConfig:
 
 
 def _gpu(run: RecordedRun) -> tuple[str | None, dict[int, list[tuple[float, float]]]]:
-    event = next((e for e in run.events if e.get("event") == "gpu_telemetry"), None)
-    note = None if event is None else event.get("note")
-    if event is None:
-        note = "no GPU telemetry recorded in this run"
+    """(why no GPU memory can be judged, or None; ``{gpu index: [(t, memory_used_bytes)]}``)
+    from the run's GPU telemetry (:func:`harness.checks.gpu.series`)."""
+    available, note = telemetry_note(run)
     samples: dict[int, list[tuple[float, float]]] = {}
-    path = run.run_dir / GPU_FILE if run.run_dir is not None else None
-    if path is not None and path.exists():
-        for raw in path.read_text(encoding="utf-8").splitlines():
-            try:
-                s = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(s, dict) and s.get("memory_used_bytes") is not None and "t" in s:
-                samples.setdefault(int(s.get("index", 0)), []).append((float(s["t"]), float(s["memory_used_bytes"])))
+    for s in gpu_series(run):
+        if s.get("memory_used_bytes") is not None:
+            samples.setdefault(int(s.get("index", 0)), []).append((float(s["t"]), float(s["memory_used_bytes"])))
+    if available and not samples:
+        note = "the GPU telemetry recorded no GPU memory reading"
     return note, samples
 
 
@@ -192,6 +188,9 @@ def check(run: RecordedRun) -> list[CheckResult]:
                 out.append(_result(f"server_memory.{name}.{ph}.rss_swing", w, cfg.max_rss_swing,
                                    "RSS of one server process tree", cfg.min_samples))
     if cfg.max_gpu_memory_swing is not None:
+        if a["gpu_note"] is not None:
+            out.append(CheckResult.not_judged("server_memory.gpu.memory_swing", "memory", None, cfg.max_gpu_memory_swing,
+                                              a["gpu_note"]))
         for i, phases in a["gpus"].items():
             for ph, w in phases.items():
                 out.append(_result(f"server_memory.gpu{i}.{ph}.memory_swing", w, cfg.max_gpu_memory_swing,

@@ -3,7 +3,7 @@
 This module only composes the blocks each layer owns — ``stack``
 (:mod:`harness.stack.config`), ``load`` (:mod:`harness.load.config`), the check limits
 ``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``/``liveness``/``hang``/
-``speculation``/``server_memory`` (:mod:`harness.checks.config`), the metrics scraper's
+``speculation``/``server_memory``/``gpu`` (:mod:`harness.checks.config`), the metrics scraper's
 ``scrape`` (:mod:`harness.metrics.config`) — plus ``phases`` (the runner orders time) and the rules
 that span blocks. Every unknown or mistyped field is an
 :class:`~harness.errors.ExperimentError` naming the file and the field path.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
-                                   FallbackConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
+                                   FallbackConfig, GpuConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
                                    RecoveryConfig, SafeguardConfig, ServerMemoryConfig, SloConfig,
                                    SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
@@ -64,6 +64,7 @@ class SpecchaosConfig(BaseModel):
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
     safeguards: list[SafeguardConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -8,7 +8,8 @@ half-applies a fault and the three can never disagree. In order: the file parses
 arguments and an existing server; Chaos Toolkit's own validation passes (activities
 resolve, arguments bind to their functions' signatures); the ``specchaos`` control is
 declared; ``configuration.specchaos`` validates (each layer's block, plus the
-cross-block rules); the host can do what each fault asks
+cross-block rules); an experiment with ``gpu.require`` runs on a host with an NVIDIA GPU;
+the host can do what each fault asks
 (:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the
 method injects a fault; and the stack's pre-flight
 (:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 
 from faults.base import Fault
 from faults.registry import by_activity, fault_class, make_fault
+from harness import gpu
 from harness.errors import ExperimentError, SpecchaosError, first_error
 from harness.experiment import actions
 from harness.experiment.actions import FaultTiming
@@ -224,6 +226,10 @@ def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
                               hint=f"is configuration.{near[0]} a misspelling of it?" if near else
                               "add configuration: {specchaos: {...}}; experiments/kill-draft-worker.yaml has one")
     cfg = parse_config(conf.get("specchaos"), where=f"{path}: configuration.specchaos")
+    if cfg.gpu.require and (why := gpu.unavailable()) is not None:
+        raise ExperimentError(why, where=f"{path}: configuration.specchaos.gpu.require",
+                              hint="run it on a host with an NVIDIA GPU and its driver (nvidia-smi lists it), or set "
+                                   "gpu.require: false to have the GPU checks reported not judged")
 
     servers = {"spec"} | ({"ref"} if cfg.stack.reference else set())
     for loc, _kind, fault in faults:

@@ -28,10 +28,11 @@ seen and is counted as a plain increase.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from harness.jsonl import read_objects
 
 __all__ = ["DRAFTS", "DRAFT_TOKENS", "ACCEPTED", "Increment", "read_series", "server_lines", "servers_in",
            "incarnation", "counter_increments", "is_speculative", "SpeculationSeries", "acceptance",
@@ -66,17 +67,7 @@ class Increment:
 def read_series(path: str | Path) -> list[Line]:
     """The lines of a ``metrics.jsonl`` file in time order; a missing file is empty, a line
     that is not a JSON object with ``t`` and ``server`` is skipped."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for raw in p.read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(line, dict) and isinstance(line.get("t"), (int, float)) and "server" in line:
-            out.append(line)
+    out = [ln for ln in read_objects(path) if isinstance(ln.get("t"), (int, float)) and "server" in ln]
     out.sort(key=lambda ln: ln["t"])
     return out
 

@@ -50,6 +50,9 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                     (vLLM's /metrics counters; harness.checks.speculation),
      "server_memory": {"servers": {name: {phase: {"swing", "min", "max"}}}, "gpu_note"}
                     (harness.checks.server_memory),
+     "gpu": {"available", "note", "samples", "gpus": [{"index", "name", "temperature_c_max",
+             "temperature_slope_c_per_min", "xid_events", "pcie_utilisation_p95", "sampler_wall_ms", ...}]}
+            (the GPU telemetry per GPU, harness.checks.gpu.section),
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
      "steady_state": {...}, "generated_at": float,

@@ -50,7 +50,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,9 @@ class LocalServer:
         self._exit_emitted: set[int] = set()
         self._thread: threading.Thread | None = None
         self._respec: dict[str, Any] | None = None   # a planned restart asked for, not begun yet
+        #: Environment variables added to the current incarnation's environment by a planned
+        #: restart (:meth:`restart_with_env`); empty for every other incarnation.
+        self.incarnation_env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ public API
     def command(self) -> list[str]:
@@ -269,8 +272,9 @@ class LocalServer:
             kv_cache_blocks=self.kv_cache_blocks, extra_args=self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """The child's environment (see :func:`harness.stack.vllm.api_server_env`)."""
-        return vllm.api_server_env(self.kv_cache_gib)
+        """The child's environment (see :func:`harness.stack.vllm.api_server_env`), plus
+        :attr:`incarnation_env`."""
+        return {**vllm.api_server_env(self.kv_cache_gib), **self.incarnation_env}
 
     def start(self) -> None:
         """Spawn incarnation 0 and its supervisor thread; returns once the process exists.
@@ -459,11 +463,48 @@ class LocalServer:
                                  f"speculative settings", where=f"server {self.name}")
             pending = self._respec["config"] if self._respec is not None else self.speculative_config
             new_inc = self.incarnation + 1
-            self._respec = {"config": new_cfg, "reason": reason, "t": now()}
+            self._respec = {"config": new_cfg, "reason": reason, "t": now(), "respeculate": True,
+                            "env": (self._respec or {}).get("env")}
             old, new = settings_of(pending), settings_of(new_cfg)
             self._cond.notify_all()
         log.info("server %s: respeculating %s -> %s (%s)", self.name, old, new, reason or "asked")
         self._emit("server_respeculating", incarnation=new_inc, old=old, new=new, reason=reason)
+        return new_inc
+
+    def restart_with_env(self, env: Mapping[str, str] | None, *, reason: str = "") -> int:
+        """A planned, supervised restart (as :meth:`respeculate`, same settings) whose new
+        incarnation — that one only — runs with ``env`` added to its environment, e.g. an
+        ``LD_PRELOAD`` library a fault puts into every process of the server; any later
+        incarnation (a crash restart, another planned restart) runs with the stack's own
+        environment again. Not counted in :attr:`restarts`; its ``server_exited`` event says
+        ``expected: true, reason: "environment"``; announced by a ``server_environment``
+        event (``incarnation``: the new one, ``env``: the names added, ``reason``). Returns
+        at once: wait with :meth:`wait_for_incarnation`.
+
+        Args:
+            env: variables to add (None or empty: the stack's own environment).
+            reason: why, in words (recorded on the event).
+
+        Returns:
+            The incarnation that will run with ``env``.
+
+        Raises:
+            StackError: the server is stopped, gave up, failed to start or was never started.
+        """
+        added = {str(k): str(v) for k, v in (env or {}).items()}
+        with self._cond:
+            if self._thread is None or self._stop_requested.is_set() or self._state in ("failed", "gave_up", "stopped"):
+                raise StackError(f"server {self.name} is {self._state.replace('_', ' ')}: cannot restart it",
+                                 where=f"server {self.name}")
+            pending = self._respec
+            new_inc = self.incarnation + 1
+            self._respec = {"config": pending["config"] if pending is not None else self.speculative_config,
+                            "reason": reason, "t": now(), "respeculate": bool(pending and pending.get("respeculate")),
+                            "env": added}
+            self._cond.notify_all()
+        log.info("server %s: restarting with %s added to its environment (%s)", self.name, sorted(added) or "nothing",
+                 reason or "asked")
+        self._emit("server_environment", incarnation=new_inc, env=sorted(added), reason=reason)
         return new_inc
 
     def stop(self, timeout_s: float = 20.0) -> None:
@@ -678,31 +719,35 @@ class LocalServer:
                 self._apply_respec()
 
     def _apply_respec(self) -> None:
-        """Take the pending speculative settings for the incarnation about to be spawned
-        (caller holds the lock)."""
+        """Take the pending planned restart's speculative settings and environment for the
+        incarnation about to be spawned; without one, the stack's own environment (caller
+        holds the lock)."""
         req, self._respec = self._respec, None
+        self.incarnation_env = dict((req or {}).get("env") or {})
         if req is None:
             return
         old = settings_of(self.speculative_config)
         self.speculative_config = dict(req["config"]) if req["config"] else None
-        self.respeculations.append({"t": req["t"], "incarnation": self.incarnation, "old": old,
-                                    "new": settings_of(self.speculative_config), "reason": req["reason"]})
+        if req.get("respeculate"):
+            self.respeculations.append({"t": req["t"], "incarnation": self.incarnation, "old": old,
+                                        "new": settings_of(self.speculative_config), "reason": req["reason"]})
 
     def _replace(self, popen: subprocess.Popen, inc: int) -> bool:
-        """A planned restart (:meth:`respeculate`): end incarnation ``inc`` (SIGTERM,
-        :attr:`respeculate_grace_s`, then its tree and group killed), then set up incarnation
-        ``inc+1`` with the pending settings. False when a stop came meanwhile."""
+        """A planned restart (:meth:`respeculate`, :meth:`restart_with_env`): end incarnation
+        ``inc`` (SIGTERM, :attr:`respeculate_grace_s`, then its tree and group killed), then set
+        up incarnation ``inc+1`` with the pending settings. False when a stop came meanwhile."""
         with self._cond:
             self._capture_tree()
             self._set_state("restarting")
             victims = list(self._snapshot)
+            why = "respeculate" if (self._respec or {}).get("respeculate", True) else "environment"
         if popen.poll() is None:
             with contextlib.suppress(OSError):
                 popen.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(self.respeculate_grace_s)
         if popen.poll() is not None:
-            self._emit_exit(popen, inc, expected=True, reason="respeculate")
+            self._emit_exit(popen, inc, expected=True, reason=why)
         left = procs.kill_tree(victims + ([self._api] if self._api else []), pgid=popen.pid)
         if left:
             log.error("server %s: leftovers of incarnation %d still alive: %s", self.name, inc, [p.pid for p in left])
@@ -710,7 +755,7 @@ class LocalServer:
             reaper().forget(popen.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             popen.wait(5)
-        self._emit_exit(popen, inc, expected=True, reason="respeculate")
+        self._emit_exit(popen, inc, expected=True, reason=why)
         self._unregister_all()
         with self._cond:
             self._snapshot = []

@@ -323,14 +323,17 @@ def _settle(stack: Any) -> str | None:
 
 def _unfit_state(stack: Any, speculative: bool = True) -> str | None:
     """Why ``stack`` cannot be reused from its servers' state alone (other speculative
-    settings than it was started with — only when ``speculative`` —, a server not up), or
-    None; no request is sent. A supervised restart alone does not make it unfit: the
-    restarted server runs them."""
+    settings than it was started with — only when ``speculative`` —, a fault's environment,
+    a server not up), or None; no request is sent. A supervised restart alone does not make
+    it unfit: the restarted server runs them."""
     for name, server in stack.servers.items():
         configured = getattr(server, "configured_speculative", None)
         if speculative and configured is not None and server.speculative != configured:
             return (f"server {name} runs other speculative settings than it was started with "
                     f"({server.speculative}, incarnation {server.incarnation})")
+        if getattr(server, "incarnation_env", None):
+            return (f"server {name} runs with a fault's environment ({', '.join(sorted(server.incarnation_env))}, "
+                    f"incarnation {server.incarnation})")
         is_up = getattr(server, "is_up", None)
         if is_up is not None and not is_up():
             return f"server {name} is {getattr(server, 'state', 'down')}"

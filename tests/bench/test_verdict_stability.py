@@ -364,3 +364,17 @@ def test_every_shipped_experiment_gives_the_same_verdict_three_times(tmp_path):
     assert saved["pool"]["starts"] + saved["pool"]["reuses"] == len(saved["runs"]), saved["pool"]
     errors = {r["experiment"]: r["verdicts"] for r in rows if "error" in r["verdicts"]}
     assert not errors, errors
+
+
+def test_the_default_files_leave_out_gpu_experiments_on_a_host_without_a_gpu(capsys, monkeypatch):
+    from harness import gpu
+
+    assert vs.needs_gpu(ROOT / "experiments" / "gpu-health.yaml")
+    assert not vs.needs_gpu(ROOT / "experiments" / "kill-draft-worker.yaml")
+    monkeypatch.setattr(gpu, "unavailable", lambda: "no NVIDIA GPU on this host (NVML: test)")
+    names = [f.name for f in vs.experiment_files([])]
+    assert "gpu-health.yaml" not in names and "kill-draft-worker.yaml" in names
+    assert "gpu-health.yaml: left out, it runs on GPU hosts only (no NVIDIA GPU on this host (NVML: test))" \
+        in capsys.readouterr().err
+    monkeypatch.setattr(gpu, "unavailable", lambda: None)
+    assert "gpu-health.yaml" in [f.name for f in vs.experiment_files([])]

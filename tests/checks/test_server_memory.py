@@ -1,7 +1,8 @@
 """Server memory swing on recorded series: a swinging RSS fails, a steady one passes, a
 killed-and-restarted server is no swing, a KV-filling fault's growth up to the KV cache is
 no swing but a leak beyond it is, too few samples are not judged (N/J), a GPU's used memory
-is judged where gpu.jsonl has it, and without an NVIDIA GPU the section carries the note."""
+is judged where gpu.jsonl has it, and without an NVIDIA GPU it is not judged (N/J) with the
+note, which the section carries too."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def write(tmp_path, rss, *, server="spec", pid=lambda i: 100, step_s=0.5, lines=
 
 
 def run_of(tmp_path, events=(), **limits) -> RecordedRun:
-    cfg = SpecchaosConfig.model_validate({"server_memory": limits} if limits else {})
+    """The RSS tests judge no GPU memory (``max_gpu_memory_swing`` None unless given)."""
+    cfg = SpecchaosConfig.model_validate({"server_memory": {"max_gpu_memory_swing": None, **limits}})
     windows = {"baseline": (0.0, 10.0), "fault": (10.0, 20.0), "after": (20.0, 30.0)}
     return RecordedRun(records=[], reference={}, events=list(events), limits=cfg, windows=windows, run_dir=tmp_path)
 
@@ -90,7 +92,7 @@ def test_gpu_memory_swing_is_judged_from_gpu_jsonl(tmp_path):
     (tmp_path / "gpu.jsonl").write_text("".join(
         json.dumps({"t": i * 0.5, "index": 0, "name": "H200", "memory_used_bytes": m}) + "\n" for i, m in enumerate(mem)))
     ev = {"t": 0, "source": "gpu", "event": "gpu_telemetry", "available": True, "gpus": 1}
-    res = by_name(server_memory.check(run_of(tmp_path, [ev])))
+    res = by_name(server_memory.check(run_of(tmp_path, [ev], max_gpu_memory_swing=0.15)))
     assert not res["server_memory.gpu0.fault.memory_swing"].passed
     assert res["server_memory.gpu0.baseline.memory_swing"].passed
     assert server_memory.section(run_of(tmp_path, [ev]))["gpu_note"] is None
@@ -100,8 +102,9 @@ def test_without_a_gpu_the_section_says_so(tmp_path):
     write(tmp_path, [GIB] * 60)
     ev = {"t": 0, "source": "gpu", "event": "gpu_telemetry", "available": False,
           "note": "no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)"}
-    res = server_memory.check(run_of(tmp_path, [ev]))
-    assert not any(".gpu" in r.name for r in res)
+    res = server_memory.check(run_of(tmp_path, [ev], max_gpu_memory_swing=0.15))
+    (nj,) = [r for r in res if ".gpu" in r.name]     # one check, not judged, with the note
+    assert nj.name == "server_memory.gpu.memory_swing" and nj.passed is None and nj.detail == f"not judged: {ev['note']}"
     assert server_memory.section(run_of(tmp_path, [ev]))["gpu_note"].startswith("no NVIDIA GPU on this host")
 
 

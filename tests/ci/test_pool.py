@@ -179,6 +179,9 @@ def test_key_names_one_models_directory_however_written(tmp_path, monkeypatch):
      "server spec runs other speculative settings than it was started with ({'method': None}, incarnation 1)"),
     (lambda stack: (setattr(stack.servers["ref"], "up", False), setattr(stack.servers["ref"], "state", "gave_up")),
      "server ref is gave_up"),
+    (lambda stack: (setattr(stack.servers["spec"], "incarnation", 1),
+                    setattr(stack.servers["spec"], "incarnation_env", {"LD_PRELOAD": "/x/shim.so"})),
+     "server spec runs with a fault's environment (LD_PRELOAD, incarnation 1)"),
 ])
 def test_an_unfit_stack_is_stopped_and_replaced(pool, tmp_path, spoil, reason):
     clean = "clean" not in reason

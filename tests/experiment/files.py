@@ -14,9 +14,18 @@ from pathlib import Path
 
 import yaml
 
+from harness import gpu
+
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
 MODELS = ROOT / "models"
+
+
+def gpu_only(path: Path) -> str | None:
+    """Why the experiment at ``path`` is refused on this host (it declares ``gpu.require``
+    and this host has no NVIDIA GPU: :func:`harness.gpu.unavailable`'s line), or None."""
+    spec = ((yaml.safe_load(path.read_text()) or {}).get("configuration") or {}).get("specchaos") or {}
+    return gpu.unavailable() if (spec.get("gpu") or {}).get("require") else None
 
 
 def experiment_doc(name: str) -> dict:

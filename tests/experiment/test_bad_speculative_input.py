@@ -1,12 +1,12 @@
 """Bad speculative settings in an experiment file: one line naming the field, exit 2,
 nothing started (the real CLI in a subprocess). And every shipped experiment still
-validates under the stricter rules."""
+validates under the stricter rules (one for GPU hosts is refused in one line without a GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.experiment.files import EXPERIMENTS, write
+from tests.experiment.files import EXPERIMENTS, gpu_only, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli, doc, no_new_processes  # noqa: F401
 
 STACK = "configuration.specchaos.stack"
@@ -61,5 +61,10 @@ def test_the_new_drafts_are_found_by_name(tmp_path, models_built, draft):
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(EXPERIMENTS) for p in EXPERIMENTS.rglob("*.yaml")), ids=str)
 def test_every_shipped_experiment_validates(path, models_built):
+    """... or, for an experiment for GPU hosts on a host without a GPU, is refused in one line."""
     res = cli("validate", str(EXPERIMENTS / path))
+    why = gpu_only(EXPERIMENTS / path)
+    if why is not None:
+        assert_one_line_error(res, "configuration.specchaos.gpu.require", why)
+        return
     assert res.returncode == 0, res.stderr

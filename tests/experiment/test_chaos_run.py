@@ -25,7 +25,7 @@ from harness.experiment import session as sess
 from harness.experiment.control import VERDICT_JOURNAL, apply_verdict
 from harness.experiment.rejudge import rejudge
 from tests.experiment.fast_e2e import fast_experiment
-from tests.experiment.files import EXPERIMENTS, ROOT, experiment_doc, write
+from tests.experiment.files import EXPERIMENTS, ROOT, experiment_doc, gpu_only, write
 from tests.experiment.test_safeguards import ERRORS_FORBIDDEN
 from tests.procs import leaked_since, sut_pids
 
@@ -73,6 +73,14 @@ def test_the_control_accepts_every_experiment_file(tmp_path, monkeypatch, path):
     monkeypatch.setenv("SPECCHAOS_OUT", str(tmp_path / "out"))
     doc = load_experiment(str(path))
     control.configure_control(configuration=load_configuration(doc.get("configuration") or {}), experiment=doc)
+    why = gpu_only(path)
+    if why is not None:   # for GPU hosts, on a host without one: refused in one line, nothing opened
+        assert control._refused is not None and control._refused.endswith(
+            f"configuration.specchaos.gpu.require: {why} (run it on a host with an NVIDIA GPU and its driver "
+            f"(nvidia-smi lists it), or set gpu.require: false to have the GPU checks reported not judged)"), \
+            control._refused
+        assert sess.peek() is None
+        return
     try:
         assert control._refused is None, control._refused
         s = sess.peek()

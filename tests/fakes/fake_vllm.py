@@ -72,6 +72,14 @@ Fake-only flags:
     --mismatch            greedy outputs differ from the deterministic ones from the third
                           token on (an integrity defect)
     --corrupt-usage       ``usage.completion_tokens`` is one more than the tokens sent
+
+Fake GPU: with ``FAKE_VLLM_CUDA_LIB`` set in its environment (a shared library exporting
+``cuLaunchKernel``, e.g. the stub of ``tests/fakes/native/cuda_stub.c``), the worker loads it
+(``RTLD_GLOBAL``) and "launches a kernel" at every step, ``cuLaunchKernel`` resolved through the
+process's global symbol scope as a CUDA framework's call is — so an ``LD_PRELOAD`` library
+(the cuda-error fault's shim) sees it first. A launch that returns an error ends the worker
+as vLLM's dies on a CUDA error (``RuntimeError: CUDA error: ...``, exit 1): the engine and
+then the API process follow, as above.
 """
 
 from __future__ import annotations
@@ -114,6 +122,7 @@ def _listen_early(argv: list[str]) -> socket.socket | None:
 _EARLY = _listen_early(sys.argv[1:]) if __name__ == "__main__" else None
 
 import argparse  # noqa: E402 - after the early listen, on purpose
+import ctypes  # noqa: E402
 import hashlib  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
@@ -267,8 +276,26 @@ def parent_gone(role: str, args: argparse.Namespace) -> None:
     os._exit(0)
 
 
+#: CUDA's messages for the errors the fake's worker reports (as PyTorch prints them).
+CUDA_MESSAGES = {700: "an illegal memory access was encountered", 719: "unspecified launch failure"}
+
+
+def kernel_launcher() -> Any:
+    """``cuLaunchKernel`` of ``$FAKE_VLLM_CUDA_LIB`` through the global scope (module doc), or None."""
+    path = os.environ.get("FAKE_VLLM_CUDA_LIB")
+    if not path:
+        return None
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    fn = ctypes.CDLL(None).cuLaunchKernel
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    return fn
+
+
 def run_worker(args: argparse.Namespace, inp: Any, out: Any) -> None:
-    """One model step per line: sleep ``--step-delay-s``, return the requested token ids."""
+    """One model step per line: sleep ``--step-delay-s`` (and launch a fake kernel, module
+    doc), return the requested token ids."""
+    launch = kernel_launcher()
     try:
         write_line(out, {"ready": True})
     except OSError:
@@ -279,6 +306,10 @@ def run_worker(args: argparse.Namespace, inp: Any, out: Any) -> None:
             parent_gone("worker", args)
         step = json.loads(line)
         time.sleep(args.step_delay_s)
+        if launch is not None:
+            rc = launch(1, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+            if rc:
+                raise RuntimeError(f"CUDA error: {CUDA_MESSAGES.get(rc, 'unknown error')} (cuLaunchKernel returned {rc})")
         result = {}
         for rid, seed, pos, n in step["reqs"]:
             result[rid] = [token_id(seed + ("/m" if args.mismatch and seed.startswith("g") and p >= MISMATCH_FROM

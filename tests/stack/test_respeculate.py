@@ -90,3 +90,33 @@ def test_a_crash_after_a_respeculation_restarts_with_the_new_settings(fake_serve
     srv.roles()["worker"][0].kill()
     assert srv.wait_for_incarnation(2, 30) is not None
     assert len(srv.restarts) == 1 and _cmdline_config(srv) is None
+
+
+def _environ(server) -> dict:
+    return psutil.Process(server.api_process().pid).environ()
+
+
+def test_an_environment_restart_holds_for_one_incarnation_only(fake_server, models):
+    """``restart_with_env``: the new incarnation runs with the variables added (read from its
+    API process: its forked engine and worker inherit it, but setproctitle reuses their
+    environ area for the title); the supervisor's restart after a crash runs with the stack's
+    own environment again; the speculative settings stay."""
+    tl = Timeline()
+    srv = fake_server(model_dir=models / "target", timeline=tl, ready=True,
+                      speculative_config=speculative_config("draft_model", models / "draft-exact", 4))
+    assert "SPECCHAOS_TEST_MARK" not in _environ(srv)
+    inc = srv.restart_with_env({"SPECCHAOS_TEST_MARK": "on"}, reason="test: mark")
+    assert inc == 1 and srv.wait_for_incarnation(inc, 30) is not None
+    assert srv.incarnation_env == {"SPECCHAOS_TEST_MARK": "on"}
+    assert _environ(srv)["SPECCHAOS_TEST_MARK"] == "on"
+    assert srv.speculative["method"] == "draft_model" and srv.respeculations == [] and srv.restarts == []
+    (ev,) = tl.select(event="server_environment")
+    assert ev["incarnation"] == 1 and ev["env"] == ["SPECCHAOS_TEST_MARK"] and ev["reason"] == "test: mark"
+    assert [(e["reason"], e["expected"]) for e in tl.select(event="server_exited")] == [("environment", True)]
+
+    srv.roles()["worker"][0].kill()
+    assert srv.wait_for_incarnation(2, 30) is not None
+    assert srv.incarnation_env == {} and "SPECCHAOS_TEST_MARK" not in _environ(srv) and len(srv.restarts) == 1
+    srv.stop()
+    with pytest.raises(StackError, match="stopped"):
+        srv.restart_with_env({"X": "1"})
