@@ -25,7 +25,9 @@ verdict     outcome
             too, as its one line
 =========== ============================================================================
 
-``<out>`` is ``--specchaos-out`` (default ``results/pytest-<epoch>``). Each item carries the
+``<out>`` is ``--specchaos-out`` (default ``results/pytest-<epoch>``). ``--specchaos-set
+PATH=VALUE``, ``--specchaos-var-file FILE`` and ``SPECCHAOS_SET_*`` override every experiment's
+``configuration.specchaos`` as ``specchaos run`` does (:mod:`harness.experiment.overrides`). Each item carries the
 markers of its experiment's ``tags`` that are registered here (``chaos``, ``gate``, ``slow``),
 so ``-m gate`` selects the gate experiments.
 
@@ -72,6 +74,7 @@ from faults.ledger import Ledger
 from harness.errors import SpecchaosError
 from harness.experiment import runner
 from harness.experiment import session as sess
+from harness.experiment.overrides import Override, collect_overrides
 from harness.load.config import LoadConfig
 from harness.load.locust_process import LocustProcess
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
@@ -108,6 +111,8 @@ class _PluginState:
     gate: bool
     project_root: Path | None = None   # the directory of pytest's ini file: named alone, it is searched for no experiment
     pool: StackPool | None = None
+    #: ``--specchaos-set``/``--specchaos-var-file`` and ``SPECCHAOS_SET_*``: applied to every experiment item
+    overrides: list[Override] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     items: int = 0
     test_errors: int = 0   # hand-written tests whose setup/teardown failed
@@ -213,6 +218,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "default: allure-pytest's --alluredir when given")
     group.addoption("--specchaos-gate", action="store_true", default=False,
                     help="gate exit status: 0 all passed, 1 a failure, 2 an error or no experiment selected")
+    group.addoption("--specchaos-set", action="append", default=[], metavar="PATH=VALUE",
+                    help="override a field of every experiment's configuration.specchaos (as `specchaos run --set`); "
+                         "repeatable")
+    group.addoption("--specchaos-var-file", action="append", default=[], metavar="FILE",
+                    help="a YAML/JSON mapping of dotted paths to values for every experiment (as `specchaos run "
+                         "--var-file`); repeatable")
     parser.addini("specchaos_experiments", type="args", default=[],
                   help="globs of experiment files to collect (relative to the rootdir)")
 
@@ -230,9 +241,13 @@ def pytest_configure(config: pytest.Config) -> None:
             if path.suffix in EXPERIMENT_SUFFIXES and path.resolve() not in explicit:
                 config.args.append(str(path))
                 explicit.append(path.resolve())
+    try:
+        overrides = collect_overrides(config.getoption("specchaos_set") or [], config.getoption("specchaos_var_file") or [])
+    except SpecchaosError as exc:
+        raise pytest.UsageError(exc.one_line()) from None
     config.stash[_STATE] = _PluginState(out=out, explicit=explicit, globs=globs, rootdir=Path(config.rootpath),
                                         project_root=config.inipath.parent.resolve() if config.inipath else None,
-                                        gate=bool(config.getoption("specchaos_gate")))
+                                        gate=bool(config.getoption("specchaos_gate")), overrides=overrides)
     allure_dir = config.getoption("specchaos_allure_dir") or getattr(config.option, "allure_report_dir", None)
     if allure_dir:
         os.environ[ALLURE_ENV] = str(Path(allure_dir).resolve())
@@ -343,7 +358,7 @@ class ExperimentItem(pytest.Item):
         st.rows.append(row)
         bad_input = None
         try:
-            _code, self.report = runner.run(self.path, self.run_dir)
+            _code, self.report = runner.run(self.path, self.run_dir, overrides=st.overrides)
         except SpecchaosError as exc:   # bad input: nothing started
             bad_input = exc.one_line()
         if bad_input is not None:   # failed outside the except block: one line, no chained traceback

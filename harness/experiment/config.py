@@ -12,6 +12,8 @@ Durations are seconds (``*_s``), sizes GiB (``*_gib``).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
@@ -20,6 +22,7 @@ from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, Deg
                                    SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
+from harness.experiment.overrides import Override, override_at
 from harness.load.config import LoadConfig
 from harness.stack.config import StackConfig
 
@@ -95,18 +98,28 @@ class SpecchaosConfig(BaseModel):
         return self
 
 
-def parse_config(raw: dict | None, where: str = "configuration.specchaos") -> SpecchaosConfig:
+def parse_config(raw: dict | None, where: str = "configuration.specchaos",
+                 overrides: Sequence[Override] = ()) -> SpecchaosConfig:
     """Validate the ``specchaos`` configuration block.
 
     Args:
-        raw: the block as loaded (after Chaos Toolkit resolved env references).
+        raw: the block as loaded (after Chaos Toolkit resolved env references), with any
+            overrides already applied (:func:`harness.experiment.overrides.apply_overrides`).
         where: prefix for error locations, e.g. ``"experiments/x.yaml: configuration.specchaos"``.
+        overrides: the overrides applied to ``raw``: an invalid value one of them set is
+            named by the override's source.
 
     Raises:
-        ExperimentError: first invalid field, as ``where.field.path: message``.
+        ExperimentError: first invalid field, as ``where.field.path: message``, or as the
+            override's source (``--set load.users=0: Input should be ...``) when an override
+            set it.
     """
     try:
         return SpecchaosConfig.model_validate(raw or {})
     except ValidationError as exc:
         loc, msg, _ = first_error(exc)
-        raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where) from None
+        ov = override_at(loc, overrides) if loc else None
+        if ov is not None:
+            raise ExperimentError(msg, where=ov.source if loc == ov.path else f"{ov.source}: {loc}") from None
+        hint = f"overrides applied: {'; '.join(o.source for o in overrides)}" if overrides else None
+        raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where, hint=hint) from None
