@@ -7,6 +7,7 @@
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos models build [--dir DIR]   build the tiny offline models
     specchaos faults                     list the fault families, their actions and arguments
+    specchaos schema [NAME] [--out DIR]  write (or print) the JSON Schemas of experiments and report.json
     specchaos cleanup [--force]          tear down what a crashed run left behind
 
 ``--set``, ``--var-file`` and the ``SPECCHAOS_SET_<PATH>`` environment variables override
@@ -19,6 +20,7 @@ Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import sys
@@ -38,6 +40,8 @@ from harness.experiment.overrides import Override, collect_overrides
 from harness.experiment.rejudge import rejudge
 from harness.experiment.runner import EXIT_CODES
 from harness.experiment.runner import run as run_experiment
+from harness.experiment.schema import SCHEMA_NAMES, write_schemas
+from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
 from harness.report.allure import ALLURE_DIR_ENV
 from harness.report.summary import print_summary
@@ -178,6 +182,20 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
         err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)
     if res["errors"]:
         raise typer.Exit(2)
+
+
+@app.command()
+def schema(name: Optional[str] = typer.Argument(None, metavar="[experiment|config|report]",
+                                                help="Print this schema to stdout instead of writing them all."),
+           out_dir: Path = typer.Option(Path("schemas"), "--out", help="Where to write every schema.")) -> None:
+    """Write the JSON Schemas of an experiment file, of configuration.specchaos and of report.json."""
+    if name is not None:
+        if name not in SCHEMA_NAMES:
+            _fail(SpecchaosError(f"unknown schema {name!r}", hint=f"known: {', '.join(SCHEMA_NAMES)}"))
+        typer.echo(json.dumps(json_schema(name), indent=2, ensure_ascii=False))   # not rich: it would wrap lines
+        return
+    for path in write_schemas(out_dir):
+        out.print(str(path), highlight=False)
 
 
 @app.command()
