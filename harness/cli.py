@@ -44,6 +44,7 @@ from harness.experiment.schema import SCHEMA_NAMES, write_schemas
 from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
 from harness.report.allure import ALLURE_DIR_ENV
+from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
 from harness.report.summary import print_summary
 from harness.stack.base import ROLE_DOCS
 from harness.stack.models import build_models
@@ -124,7 +125,7 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         if report.get("errors"):
             err.print(f"specchaos: error: {report['errors'][0]}", markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {out_dir / 'report.json'}   journal: {out_dir / 'journal.json'}   "
-              f"allure: {out_dir / 'allure-results'}", highlight=False)
+              f"allure: {out_dir / 'allure-results'}   prometheus: {out_dir / PROM_TEXTFILE}", highlight=False)
     raise typer.Exit(code)
 
 

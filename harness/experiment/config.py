@@ -4,7 +4,8 @@ This module only composes the blocks each layer owns — ``stack``
 (:mod:`harness.stack.config`), ``load`` (:mod:`harness.load.config`), the check limits
 ``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``/``liveness``/``hang``/
 ``speculation``/``server_memory`` (:mod:`harness.checks.config`), the metrics scraper's
-``scrape`` (:mod:`harness.metrics.config`) — plus ``phases`` (the runner orders time) and the rules
+``scrape`` (:mod:`harness.metrics.config`), the Prometheus export's ``prometheus``
+(:mod:`harness.report.config`) — plus ``phases`` (the runner orders time) and the rules
 that span blocks. Every unknown or mistyped field is an
 :class:`~harness.errors.ExperimentError` naming the file and the field path.
 Durations are seconds (``*_s``), sizes GiB (``*_gib``).
@@ -24,6 +25,7 @@ from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
 from harness.experiment.overrides import Override, override_at
 from harness.load.config import LoadConfig
+from harness.report.config import PrometheusConfig
 from harness.stack.config import StackConfig
 
 __all__ = ["PhasesConfig", "SpecchaosConfig", "parse_config"]
@@ -68,6 +70,7 @@ class SpecchaosConfig(BaseModel):
     server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     safeguards: list[SafeguardConfig] = Field(default_factory=list)
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
 
     @model_validator(mode="after")
     def _safeguard_names(self) -> "SpecchaosConfig":
