@@ -4,6 +4,7 @@
                                          run a Chaos Toolkit experiment, strict verdict
     specchaos validate FILE [--set PATH=VALUE]... [--var-file FILE]...
                                          check an experiment without starting anything
+    specchaos init DIR [--force]         copy the shipped experiments into DIR
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos models build [--dir DIR]   build the tiny offline models
     specchaos faults                     list the fault families, their actions and arguments
@@ -41,6 +42,7 @@ from harness.experiment.rejudge import rejudge
 from harness.experiment.runner import EXIT_CODES
 from harness.experiment.runner import run as run_experiment
 from harness.experiment.schema import SCHEMA_NAMES, write_schemas
+from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments
 from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
 from harness.report.allure import ALLURE_DIR_ENV
@@ -183,6 +185,20 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
         err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)
     if res["errors"]:
         raise typer.Exit(2)
+
+
+@app.command()
+def init(target: Path = typer.Argument(..., metavar="DIR", help="Directory for the experiments (new or empty)."),
+         force: bool = typer.Option(False, "--force", help="Write into a non-empty directory (same names are replaced).")) -> None:
+    """Copy the shipped experiments into DIR, to edit and run."""
+    try:
+        files = init_experiments(target, force=force)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    out.print(f"{len(files)} experiments written to {target}: {', '.join(f.name for f in files)}", highlight=False)
+    first = target / DEFAULT_EXPERIMENT
+    out.print(f"next: specchaos models build; specchaos validate {first}; specchaos run {first}", highlight=False)
 
 
 @app.command()
