@@ -22,9 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.errors import ExperimentError
-from harness.experiment.config import parse_config
+from harness.experiment.config import SpecchaosConfig, parse_config
 from harness.experiment.overrides import apply_overrides, parse_set
-from harness.experiment.config import SpecchaosConfig
 from harness.report.config import PrometheusConfig
 from harness.report.judge import judge_run
 from harness.report.prometheus import RUN_LABELS, TEXTFILE, publish_prometheus, write_textfile
