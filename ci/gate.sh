@@ -3,7 +3,8 @@
 # plugin (one shared stack per stack configuration), print the verdict table, write
 # Allure results, exit with the gate's verdict.
 #
-#   ci/gate.sh [--html] [EXPERIMENT_FILES_OR_DIRS...]      (default: experiments/)
+#   ci/gate.sh [--html] [--set PATH=VALUE]... [--var-file FILE]... [EXPERIMENT_FILES_OR_DIRS...]
+#                                                          (default: experiments/)
 #
 #   exit 0  every gate experiment passed
 #   exit 1  a gate experiment failed (an SLO, integrity, recovery or acceptance check,
@@ -15,6 +16,10 @@
 #   --html  also generate the HTML report: ci/allure-report.sh results/allure-results
 #           results/allure-report (needs the Allure command line: $ALLURE_CLI, `allure` on
 #           PATH, or node_modules/.bin/allure).
+#   --set PATH=VALUE, --var-file FILE
+#           override configuration.specchaos of every experiment, as `specchaos run` does
+#           (SPECCHAOS_SET_* variables apply too); ci/gpu-experiments.py writes the var file
+#           that points the stack at real models on a GPU host.
 #
 # Environment: SPECCHAOS_GATE_OUT (run directories; default results/gate-<epoch>),
 # SPECCHAOS_GATE_ALLURE (Allure results; default results/allure-results, its files removed first),
@@ -25,15 +30,21 @@ ROOT="$PWD"
 
 die() { echo "gate: $*" >&2; exit 2; }
 
+USAGE="usage: ci/gate.sh [--html] [--set PATH=VALUE]... [--var-file FILE]... [EXPERIMENT_FILES_OR_DIRS...]"
 html=0
 paths=()
-for arg in "$@"; do
-  case "$arg" in
+overrides=()
+while [ $# -gt 0 ]; do
+  case "$1" in
     --html) html=1 ;;
+    --set|--var-file)
+      [ $# -ge 2 ] || die "$1 needs a value ($USAGE)"
+      overrides+=("--specchaos-${1#--}" "$2"); shift ;;
     -h|--help) sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-    -*) die "unknown option $arg (usage: ci/gate.sh [--html] [EXPERIMENT_FILES_OR_DIRS...])" ;;
-    *) paths+=("$arg") ;;
+    -*) die "unknown option $1 ($USAGE)" ;;
+    *) paths+=("$1") ;;
   esac
+  shift
 done
 [ ${#paths[@]} -gt 0 ] || paths=(experiments/)
 for p in "${paths[@]}"; do
@@ -69,7 +80,7 @@ export PYTHONUNBUFFERED=1
 # -p no:specchaos: the installed entry point is the same module as -p harness.pytest_plugin.
 "$PY" -m pytest -p no:specchaos -p harness.pytest_plugin -p no:cacheprovider -q -rN --no-header \
   -m gate --specchaos-gate --specchaos-out "$OUT" --specchaos-allure-dir "$ALLURE_RESULTS" \
-  --rootdir "$ROOT" "${paths[@]}"
+  --rootdir "$ROOT" "${overrides[@]}" "${paths[@]}"
 rc=$?
 
 if [ "$html" = 1 ] && [ "$rc" -le 2 ]; then

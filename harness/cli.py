@@ -1,12 +1,18 @@
 """The ``specchaos`` command line.
 
-    specchaos run FILE [--out DIR] [--allure-dir DIR]
+    specchaos run FILE [--out DIR] [--allure-dir DIR] [--set PATH=VALUE]... [--var-file FILE]...
                                          run a Chaos Toolkit experiment, strict verdict
-    specchaos validate FILE              check an experiment without starting anything
+    specchaos validate FILE [--set PATH=VALUE]... [--var-file FILE]...
+                                         check an experiment without starting anything
+    specchaos init DIR [--force]         copy the shipped experiments into DIR
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos models build [--dir DIR]   build the tiny offline models
     specchaos faults                     list the fault families, their actions and arguments
+    specchaos schema [NAME] [--out DIR]  write (or print) the JSON Schemas of experiments and report.json
     specchaos cleanup [--force]          tear down what a crashed run left behind
+
+``--set``, ``--var-file`` and the ``SPECCHAOS_SET_<PATH>`` environment variables override
+fields of ``configuration.specchaos`` (:mod:`harness.experiment.overrides`).
 
 Exit codes: 0 pass, 1 fail, 2 error (bad input, a run that could not be judged).
 Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
@@ -15,6 +21,7 @@ Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import sys
@@ -30,11 +37,16 @@ from faults.cleanup import cleanup as do_cleanup
 from faults.registry import REGISTRY
 from harness.errors import SpecchaosError
 from harness.experiment.actions import FAULT_ACTIONS
+from harness.experiment.overrides import Override, collect_overrides
 from harness.experiment.rejudge import rejudge
 from harness.experiment.runner import EXIT_CODES
 from harness.experiment.runner import run as run_experiment
+from harness.experiment.schema import SCHEMA_NAMES, write_schemas
+from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments
+from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
 from harness.report.allure import ALLURE_DIR_ENV
+from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
 from harness.report.summary import print_summary
 from harness.stack.base import ROLE_DOCS
 from harness.stack.models import build_models
@@ -79,11 +91,23 @@ def main_callback(verbose: int = typer.Option(0, "--verbose", "-v", count=True, 
     _setup_logging(verbose)
 
 
+SET_HELP = ("Override a field of configuration.specchaos: PATH=VALUE, PATH dotted (load.users=8, "
+            "phases.baseline_s=60), VALUE YAML; repeatable; wins over --var-file and $SPECCHAOS_SET_*.")
+VAR_FILE_HELP = "A YAML or JSON mapping of dotted paths to values, applied before $SPECCHAOS_SET_* and --set; repeatable."
+
+
+def _overrides(sets: list[str] | None, var_files: list[Path] | None) -> list[Override]:
+    """The command line's and the environment's overrides (raises ExperimentError)."""
+    return collect_overrides(sets or [], var_files or [])
+
+
 @app.command()
 def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
         out_dir: Path = typer.Option(Path("results/latest"), "--out", help="Directory for journal.json, report.json, records, logs."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr (it is plain and sparse anyway when stderr is not a terminal or CI=true)."),
-        allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write the Allure results here (sets $SPECCHAOS_ALLURE_DIR; they always go to OUT/allure-results).")) -> None:
+        allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write the Allure results here (sets $SPECCHAOS_ALLURE_DIR; they always go to OUT/allure-results)."),
+        sets: Optional[list[str]] = typer.Option(None, "--set", metavar="PATH=VALUE", help=SET_HELP),
+        var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP)) -> None:
     """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
     if allure_dir is not None:
         os.environ[ALLURE_DIR_ENV] = str(allure_dir.resolve())
@@ -91,7 +115,7 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         logging.getLogger("harness").setLevel(logging.INFO)
         logging.getLogger("faults").setLevel(logging.INFO)
     try:
-        code, report = run_experiment(file, out_dir, progress=not no_progress)
+        code, report = run_experiment(file, out_dir, progress=not no_progress, overrides=_overrides(sets, var_files))
     except SpecchaosError as exc:
         _fail(exc)
         return
@@ -103,19 +127,22 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         if report.get("errors"):
             err.print(f"specchaos: error: {report['errors'][0]}", markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {out_dir / 'report.json'}   journal: {out_dir / 'journal.json'}   "
-              f"allure: {out_dir / 'allure-results'}", highlight=False)
+              f"allure: {out_dir / 'allure-results'}   prometheus: {out_dir / PROM_TEXTFILE}", highlight=False)
     raise typer.Exit(code)
 
 
 @app.command()
-def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON).")) -> None:
-    """Validate an experiment (file, faults, arguments, models, ports) without starting anything."""
+def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
+             sets: Optional[list[str]] = typer.Option(None, "--set", metavar="PATH=VALUE", help=SET_HELP),
+             var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP)) -> None:
+    """Validate an experiment (file, faults, arguments, models, ports, overrides) without starting anything."""
     try:
-        exp = load_experiment(file)
+        exp = load_experiment(file, overrides=_overrides(sets, var_files))
     except SpecchaosError as exc:
         _fail(exc)
         return
-    out.print(f"{file}: valid ({exp.title})", highlight=False)
+    applied = f"; {len(exp.overrides)} override(s) applied" if exp.overrides else ""
+    out.print(f"{file}: valid ({exp.title}){applied}", highlight=False)
 
 
 @app.command()
@@ -158,6 +185,34 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
         err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)
     if res["errors"]:
         raise typer.Exit(2)
+
+
+@app.command()
+def init(target: Path = typer.Argument(..., metavar="DIR", help="Directory for the experiments (new or empty)."),
+         force: bool = typer.Option(False, "--force", help="Write into a non-empty directory (same names are replaced).")) -> None:
+    """Copy the shipped experiments into DIR, to edit and run."""
+    try:
+        files = init_experiments(target, force=force)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    out.print(f"{len(files)} experiments written to {target}: {', '.join(f.name for f in files)}", highlight=False)
+    first = target / DEFAULT_EXPERIMENT
+    out.print(f"next: specchaos models build; specchaos validate {first}; specchaos run {first}", highlight=False)
+
+
+@app.command()
+def schema(name: Optional[str] = typer.Argument(None, metavar="[experiment|config|report]",
+                                                help="Print this schema to stdout instead of writing them all."),
+           out_dir: Path = typer.Option(Path("schemas"), "--out", help="Where to write every schema.")) -> None:
+    """Write the JSON Schemas of an experiment file, of configuration.specchaos and of report.json."""
+    if name is not None:
+        if name not in SCHEMA_NAMES:
+            _fail(SpecchaosError(f"unknown schema {name!r}", hint=f"known: {', '.join(SCHEMA_NAMES)}"))
+        typer.echo(json.dumps(json_schema(name), indent=2, ensure_ascii=False))   # not rich: it would wrap lines
+        return
+    for path in write_schemas(out_dir):
+        out.print(str(path), highlight=False)
 
 
 @app.command()

@@ -25,7 +25,9 @@ verdict     outcome
             too, as its one line
 =========== ============================================================================
 
-``<out>`` is ``--specchaos-out`` (default ``results/pytest-<epoch>``). Each item carries the
+``<out>`` is ``--specchaos-out`` (default ``results/pytest-<epoch>``). ``--specchaos-set
+PATH=VALUE``, ``--specchaos-var-file FILE`` and ``SPECCHAOS_SET_*`` override every experiment's
+``configuration.specchaos`` as ``specchaos run`` does (:mod:`harness.experiment.overrides`). Each item carries the
 markers of its experiment's ``tags`` that are registered here (``chaos``, ``gate``, ``slow``),
 so ``-m gate`` selects the gate experiments.
 
@@ -35,9 +37,18 @@ stack (see that module for when a stack is reused, and where its logs go). Every
 stopped at the end of the pytest session, on Ctrl-C and on SIGTERM (turned into
 KeyboardInterrupt); a crash leaves run state files for ``specchaos cleanup``.
 
-**Allure.** ``SPECCHAOS_ALLURE_DIR`` (read by the session's Allure writer) is set from
-``--specchaos-allure-dir``, else from allure-pytest's ``--alluredir`` (when that plugin is
-loaded); this plugin writes no Allure file itself.
+**Allure.** Two ways, one result per experiment either way:
+
+* without allure-pytest (or without its ``--alluredir``): ``--specchaos-allure-dir DIR``
+  sets ``SPECCHAOS_ALLURE_DIR``, and each run writes its own Allure result there
+  (:mod:`harness.report.allure`);
+* with allure-pytest and ``--alluredir DIR``: allure-pytest writes the item's result, and
+  this plugin makes it the experiment's result (:func:`harness.report.allure.merge_into`,
+  at the item's teardown): phases and faults as steps, the timeline plot and the per-phase
+  table attached, broken for an ``error`` verdict; the runs write no second result there
+  (a ``--specchaos-allure-dir`` naming the same directory is ignored). At the session's
+  end ``categories.json``, ``executor.json`` and ``environment.properties`` are written
+  beside the results (:func:`harness.report.allure.write_results_metadata`).
 
 **Gate mode** (``--specchaos-gate``, used by ``ci/gate.sh``): the session's exit status is
 0 when every selected experiment passed, 1 when one failed (or aborted) and none erred, 2 on
@@ -56,6 +67,7 @@ by kind and params through the fault registry; every fault cleared at teardown).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -66,12 +78,16 @@ from typing import Any
 
 import pytest
 import yaml
+from allure_commons.model2 import Status
+from allure_commons.utils import uuid4
 
 from faults.inject import FaultHandle, FaultInjector, InjectionContext
 from faults.ledger import Ledger
 from harness.errors import SpecchaosError
 from harness.experiment import runner
 from harness.experiment import session as sess
+from harness.experiment.overrides import Override, collect_overrides
+from harness.report.allure import merge_into, write_results_metadata
 from harness.load.config import LoadConfig
 from harness.load.locust_process import LocustProcess
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
@@ -108,10 +124,13 @@ class _PluginState:
     gate: bool
     project_root: Path | None = None   # the directory of pytest's ini file: named alone, it is searched for no experiment
     pool: StackPool | None = None
+    #: ``--specchaos-set``/``--specchaos-var-file`` and ``SPECCHAOS_SET_*``: applied to every experiment item
+    overrides: list[Override] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     items: int = 0
     test_errors: int = 0   # hand-written tests whose setup/teardown failed
     test_judged: int = 0   # hand-written tests that ran to a pass or a failure
+    last_report: dict[str, Any] | None = None   # of the last experiment: environment.properties under allure-pytest
 
     def get_pool(self) -> StackPool:
         if self.pool is None:
@@ -213,6 +232,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "default: allure-pytest's --alluredir when given")
     group.addoption("--specchaos-gate", action="store_true", default=False,
                     help="gate exit status: 0 all passed, 1 a failure, 2 an error or no experiment selected")
+    group.addoption("--specchaos-set", action="append", default=[], metavar="PATH=VALUE",
+                    help="override a field of every experiment's configuration.specchaos (as `specchaos run --set`); "
+                         "repeatable")
+    group.addoption("--specchaos-var-file", action="append", default=[], metavar="FILE",
+                    help="a YAML/JSON mapping of dotted paths to values for every experiment (as `specchaos run "
+                         "--var-file`); repeatable")
     parser.addini("specchaos_experiments", type="args", default=[],
                   help="globs of experiment files to collect (relative to the rootdir)")
 
@@ -230,12 +255,28 @@ def pytest_configure(config: pytest.Config) -> None:
             if path.suffix in EXPERIMENT_SUFFIXES and path.resolve() not in explicit:
                 config.args.append(str(path))
                 explicit.append(path.resolve())
+    try:
+        overrides = collect_overrides(config.getoption("specchaos_set") or [], config.getoption("specchaos_var_file") or [])
+    except SpecchaosError as exc:
+        raise pytest.UsageError(exc.one_line()) from None
     config.stash[_STATE] = _PluginState(out=out, explicit=explicit, globs=globs, rootdir=Path(config.rootpath),
                                         project_root=config.inipath.parent.resolve() if config.inipath else None,
-                                        gate=bool(config.getoption("specchaos_gate")))
-    allure_dir = config.getoption("specchaos_allure_dir") or getattr(config.option, "allure_report_dir", None)
-    if allure_dir:
+                                        gate=bool(config.getoption("specchaos_gate")), overrides=overrides)
+    allure_dir = config.getoption("specchaos_allure_dir")
+    allure_pytest = allure_pytest_dir(config)
+    if allure_dir and (allure_pytest is None or Path(allure_dir).resolve() != allure_pytest):
         os.environ[ALLURE_ENV] = str(Path(allure_dir).resolve())
+
+
+def allure_pytest_dir(config: pytest.Config) -> Path | None:
+    """allure-pytest's ``--alluredir`` when that plugin is loaded and writing, else None."""
+    d = getattr(config.option, "allure_report_dir", None)
+    return Path(d).resolve() if d else None
+
+
+def _allure_listener(config: pytest.Config) -> Any:
+    """allure-pytest's listener (its results in progress), or None when it is not writing."""
+    return config.pluginmanager.getplugin("allure_listener") if allure_pytest_dir(config) else None
 
 
 def run_root(config: pytest.Config) -> Path | None:
@@ -322,8 +363,9 @@ class ExperimentFile(pytest.File):
         return super().repr_failure(excinfo)
 
 
-class ExperimentFailed(Exception):
-    """The verdict was ``fail`` or ``aborted`` (the item fails)."""
+class ExperimentFailed(AssertionError):
+    """The verdict was ``fail`` or ``aborted`` (the item fails; an assertion, so
+    allure-pytest calls it failed, not broken)."""
 
 
 class ExperimentItem(pytest.Item):
@@ -343,7 +385,7 @@ class ExperimentItem(pytest.Item):
         st.rows.append(row)
         bad_input = None
         try:
-            _code, self.report = runner.run(self.path, self.run_dir)
+            _code, self.report = runner.run(self.path, self.run_dir, overrides=st.overrides)
         except SpecchaosError as exc:   # bad input: nothing started
             bad_input = exc.one_line()
         if bad_input is not None:   # failed outside the except block: one line, no chained traceback
@@ -361,6 +403,33 @@ class ExperimentItem(pytest.Item):
     def runtest(self) -> None:
         if outcome_of((self.report or {}).get("verdict")) == "failed":
             raise ExperimentFailed(failure_message(self.report or {}, self.run_dir))
+
+    def teardown(self) -> None:
+        """With allure-pytest writing, make its result of this item the experiment's one
+        result (module doc). Never fails the item: a problem is logged."""
+        listener = _allure_listener(self.config)
+        if listener is None:
+            return
+        try:
+            result = listener.allure_logger.get_test(None)
+            if result is None or result.name != self.name:
+                return
+            if self.report is None:   # bad input: nothing ran, nothing to add
+                result.status = Status.BROKEN
+                return
+
+            def attach(name: str, kind: Any, body: bytes | Path) -> None:
+                if isinstance(body, Path):
+                    listener.allure_logger.attach_file(uuid4(), str(body), name=name, attachment_type=kind,
+                                                       parent_uuid=result.uuid)
+                else:
+                    listener.allure_logger.attach_data(uuid4(), body, name=name, attachment_type=kind,
+                                                       parent_uuid=result.uuid)
+
+            merge_into(result, self.run_dir, self.report, attach)
+            self.config.stash[_STATE].last_report = self.report
+        except Exception:  # noqa: BLE001  (a report is a reading aid: it never changes an outcome)
+            logging.getLogger(__name__).warning("the Allure result of %s was not completed", self.name, exc_info=True)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, ExperimentFailed):
@@ -383,6 +452,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         st.out.mkdir(parents=True, exist_ok=True)
         pool = {"starts": st.pool.starts, "reuses": st.pool.reuses} if st.pool else {}
         (st.out / "verdicts.json").write_text(json.dumps({"experiments": st.rows, "stacks": pool}, indent=2))
+    allure_pytest = allure_pytest_dir(session.config)
+    if allure_pytest is not None and st.rows:
+        write_results_metadata(allure_pytest, st.last_report)
     if st.gate:
         session.exitstatus = _gate_status(session, st, int(exitstatus))
 

@@ -4,13 +4,16 @@ This module only composes the blocks each layer owns — ``stack``
 (:mod:`harness.stack.config`), ``load`` (:mod:`harness.load.config`), the check limits
 ``slo``/``degradation``/``recovery``/``fail_fast``/``integrity``/``liveness``/``hang``/
 ``speculation``/``server_memory``/``gpu`` (:mod:`harness.checks.config`), the metrics scraper's
-``scrape`` (:mod:`harness.metrics.config`) — plus ``phases`` (the runner orders time) and the rules
+``scrape`` (:mod:`harness.metrics.config`), the Prometheus export's ``prometheus``
+(:mod:`harness.report.config`) — plus ``phases`` (the runner orders time) and the rules
 that span blocks. Every unknown or mistyped field is an
 :class:`~harness.errors.ExperimentError` naming the file and the field path.
 Durations are seconds (``*_s``), sizes GiB (``*_gib``).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -20,7 +23,9 @@ from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, Deg
                                    SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
+from harness.experiment.overrides import Override, override_at
 from harness.load.config import LoadConfig
+from harness.report.config import PrometheusConfig
 from harness.stack.config import StackConfig
 
 __all__ = ["PhasesConfig", "SpecchaosConfig", "parse_config"]
@@ -66,6 +71,7 @@ class SpecchaosConfig(BaseModel):
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     safeguards: list[SafeguardConfig] = Field(default_factory=list)
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
 
     @model_validator(mode="after")
     def _safeguard_names(self) -> "SpecchaosConfig":
@@ -96,18 +102,28 @@ class SpecchaosConfig(BaseModel):
         return self
 
 
-def parse_config(raw: dict | None, where: str = "configuration.specchaos") -> SpecchaosConfig:
+def parse_config(raw: dict | None, where: str = "configuration.specchaos",
+                 overrides: Sequence[Override] = ()) -> SpecchaosConfig:
     """Validate the ``specchaos`` configuration block.
 
     Args:
-        raw: the block as loaded (after Chaos Toolkit resolved env references).
+        raw: the block as loaded (after Chaos Toolkit resolved env references), with any
+            overrides already applied (:func:`harness.experiment.overrides.apply_overrides`).
         where: prefix for error locations, e.g. ``"experiments/x.yaml: configuration.specchaos"``.
+        overrides: the overrides applied to ``raw``: an invalid value one of them set is
+            named by the override's source.
 
     Raises:
-        ExperimentError: first invalid field, as ``where.field.path: message``.
+        ExperimentError: first invalid field, as ``where.field.path: message``, or as the
+            override's source (``--set load.users=0: Input should be ...``) when an override
+            set it.
     """
     try:
         return SpecchaosConfig.model_validate(raw or {})
     except ValidationError as exc:
         loc, msg, _ = first_error(exc)
-        raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where) from None
+        ov = override_at(loc, overrides) if loc else None
+        if ov is not None:
+            raise ExperimentError(msg, where=ov.source if loc == ov.path else f"{ov.source}: {loc}") from None
+        hint = f"overrides applied: {'; '.join(o.source for o in overrides)}" if overrides else None
+        raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where, hint=hint) from None

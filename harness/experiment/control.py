@@ -16,8 +16,10 @@ module: harness.experiment.control}}]``). Chaos Toolkit then calls:
   (``specchaos run`` judges itself once Chaos Toolkit returns the final journal).
 
 Under plain ``chaos run`` the verdict is also Chaos Toolkit's: ``configure_control``
-validates the document as ``specchaos validate`` does (a bad experiment interrupts the
-run before anything starts, with the one-line error), and ``after_experiment_control``
+validates the document as ``specchaos validate`` does, with the configuration as Chaos
+Toolkit resolved it and the overrides of ``configuration.specchaos_set`` (``chaos run --var
+'specchaos_set=load.users=8'``) and ``SPECCHAOS_SET_*`` applied (a bad experiment
+interrupts the run before anything starts, with the one-line error), and ``after_experiment_control``
 writes the journal *as judged* into the run directory (``specchaos report DIR``
 re-judges from it), then sets the ``status``/``deviated`` of the journal Chaos Toolkit
 hands it (the same object that ``chaos run`` saves, ``chaostoolkit/commands/run.py``,
@@ -43,8 +45,8 @@ from harness.clock import now
 from harness.errors import SpecchaosError
 from harness.experiment import safeguards
 from harness.experiment import session as sess
-from harness.experiment.config import parse_config
-from harness.experiment.validate import check_experiment
+from harness.experiment.overrides import env_overrides
+from harness.experiment.validate import check_experiment, run_meta
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +89,18 @@ def configure_control(configuration: dict | None = None, experiment: dict | None
     doc = experiment or {}
     try:
         label = f"experiment {str(doc.get('title', ''))!r}"
-        exp = check_experiment(doc, label)
-        if configuration and "specchaos" in configuration:   # as Chaos Toolkit resolved it (e.g. `chaos run --var`)
-            exp.cfg = parse_config(configuration["specchaos"], where=f"{label}: configuration.specchaos")
+        # the configuration as Chaos Toolkit resolved it (`chaos run --var` included), with the
+        # SPECCHAOS_SET_* environment and configuration.specchaos_set applied
+        exp = check_experiment(doc, label, overrides=env_overrides(),
+                               configuration=configuration if configuration and "specchaos" in configuration else None)
         out = _run_dir(Path(os.environ.get("SPECCHAOS_OUT") or f"results/chaos-{int(now())}"))
     except SpecchaosError as exc:
         _refused = exc.one_line()   # Chaos Toolkit logs it when the run is interrupted
         return
     sess.open_session(sess.RunInfo(title=exp.title, source=CHAOS_RUN, out_dir=out, cfg=exp.cfg, faults=exp.faults,
-                                   method_hold_s=exp.method_hold_s))
+                                   method_hold_s=exp.method_hold_s, meta=run_meta(exp)))
     # as `specchaos run` writes them: `specchaos report DIR` re-judges from these
-    (out / "experiment.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
     ctk_log.info("specchaos: run directory %s", out)
 

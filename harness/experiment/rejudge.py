@@ -13,6 +13,7 @@ from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
 from harness.report.judge import judge_run
 from harness.report.allure import publish_allure
+from harness.report.prometheus import publish_prometheus
 from harness.report.json_report import write_report
 
 __all__ = ["rejudge"]
@@ -29,7 +30,8 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
     """Re-judge a finished run from its saved data (``specchaos report DIR``): the
     checks are pure functions of ``records.jsonl``, ``reference.jsonl``, ``timeline.jsonl``
     and the saved ``config.json``/``journal.json``/``run.json``; the report is
-    rewritten, and so are ``timeline.png`` and the Allure results. Idempotent: re-judging twice gives the same report.
+    rewritten, and so are ``timeline.png``, the Allure results and ``specchaos.prom`` (pushed
+    again when a Pushgateway is configured). Idempotent: re-judging twice gives the same report.
 
     Raises:
         SpecchaosError: the directory lacks the saved run data, or a saved file is
@@ -61,4 +63,5 @@ def rejudge(run_dir: str | Path) -> dict[str, Any]:
     report = judge_run(d, cfg, dict(meta), journal=journal)
     write_report(d / "report.json", report)
     publish_allure(d, report, journal)   # timeline.png + Allure results; never raises
+    publish_prometheus(d, report, cfg.prometheus)   # specchaos.prom (+ push); never raises
     return report

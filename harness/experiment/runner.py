@@ -19,7 +19,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from chaoslib.experiment import run_experiment
 
@@ -27,7 +27,8 @@ from harness.errors import SpecchaosError
 from harness.experiment import session as sess
 from harness.experiment.control import signals_deferred
 from harness.experiment.progress import start_progress
-from harness.experiment.validate import load_experiment
+from harness.experiment.overrides import Override
+from harness.experiment.validate import load_experiment, run_meta
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,13 @@ EXIT_CODES = {"pass": 0, "fail": 1, "aborted": 1, "error": 2}
 RUN_SETTINGS: dict[str, Any] = {"runtime": {"rollbacks": {"strategy": "always"}}}
 
 
-def run(path: str | Path, out_dir: str | Path, progress: bool = False) -> tuple[int, dict[str, Any] | None]:
+def run(path: str | Path, out_dir: str | Path, progress: bool = False,
+        overrides: Sequence[Override] = ()) -> tuple[int, dict[str, Any] | None]:
     """Run an experiment file and write ``journal.json`` and ``report.json`` into ``out_dir``.
     ``progress``: show the run's progress on stderr (:mod:`harness.experiment.progress`).
+    ``overrides``: applied to ``configuration.specchaos`` before it is validated
+    (:mod:`harness.experiment.overrides`); ``experiment.json`` and ``config.json`` hold the
+    result, ``report.json``'s ``overrides`` lists them.
 
     Returns:
         (exit code, report) — 0 pass, 1 fail, 2 error.
@@ -53,10 +58,10 @@ def run(path: str | Path, out_dir: str | Path, progress: bool = False) -> tuple[
     Raises:
         SpecchaosError: bad input found before anything started (nothing was started).
     """
-    exp = load_experiment(path)
+    exp = load_experiment(path, overrides=overrides)
     out = prepare_out_dir(out_dir)
     s = sess.open_session(sess.RunInfo(title=exp.title, source=str(exp.path), out_dir=out, cfg=exp.cfg,
-                                       faults=exp.faults, method_hold_s=exp.method_hold_s))
+                                       faults=exp.faults, method_hold_s=exp.method_hold_s, meta=run_meta(exp)))
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
     journal: dict | None = None

@@ -47,6 +47,8 @@ from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
 from harness.metrics.scraper import METRICS_FILE, MetricsScraper
 from harness.report.allure import publish_allure
+from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
+from harness.report.prometheus import publish_prometheus
 from harness.report.json_report import write_report
 from harness.report.judge import judge_run
 from harness.report.timeline_plot import PLOT_FILE
@@ -64,7 +66,7 @@ log = logging.getLogger(__name__)
 #: Files of a run directory that a new run replaces (besides ``logs/*.log``).
 RUN_FILES = ("records.jsonl", "load_stats.json", "timeline.jsonl", "ledger.jsonl", "reference.jsonl", "report.json", "run.json",
              "journal.json", "probes.jsonl", "prompts.json", "config.json", "experiment.json", GPU_FILE,
-             METRICS_FILE, PLOT_FILE)
+             METRICS_FILE, PLOT_FILE, PROM_TEXTFILE)
 
 
 @dataclass
@@ -357,8 +359,9 @@ class Session:
     def judge(self, journal: dict | None = None) -> dict[str, Any]:
         """Judge the recorded data (see :func:`harness.report.judge.judge_run`) with the
         Chaos Toolkit journal, write ``run.json`` and ``report.json``, then ``timeline.png``
-        and the Allure results (:func:`harness.report.allure.publish_allure`, which never
-        changes the verdict), return the report."""
+        and the Allure results (:func:`harness.report.allure.publish_allure`) and the
+        Prometheus metrics (:func:`harness.report.prometheus.publish_prometheus`), neither
+        of which changes the verdict, return the report."""
         meta = dict(self.info.meta)
         stats = read_load_stats(self.out_dir / "load_stats.json")
         if stats is not None and isinstance(meta.get("load"), dict):
@@ -378,6 +381,7 @@ class Session:
         report = judge_run(self.out_dir, self.cfg, meta, journal=journal)
         write_report(self.out_dir / "report.json", report)
         publish_allure(self.out_dir, report, journal)   # timeline.png + Allure results; never raises
+        publish_prometheus(self.out_dir, report, self.cfg.prometheus)   # specchaos.prom (+ push); never raises
         self.report = report
         return report
 

@@ -7,9 +7,11 @@ half-applies a fault and the three can never disagree. In order: the file parses
 (YAML/JSON, with line numbers); every fault action names a known family with valid
 arguments and an existing server; Chaos Toolkit's own validation passes (activities
 resolve, arguments bind to their functions' signatures); the ``specchaos`` control is
-declared; ``configuration.specchaos`` validates (each layer's block, plus the
-cross-block rules); an experiment with ``gpu.require`` runs on a host with an NVIDIA GPU;
-the host can do what each fault asks
+declared; ``configuration.specchaos``, with the overrides applied
+(:mod:`harness.experiment.overrides`: ``--set``, ``--var-file``, ``SPECCHAOS_SET_*``,
+``configuration.specchaos_set``), validates (each layer's block, plus the cross-block
+rules); an experiment with ``gpu.require`` runs on a host with an NVIDIA GPU; the host can
+do what each fault asks
 (:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the
 method injects a fault; and the stack's pre-flight
 (:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
@@ -17,11 +19,12 @@ method injects a fault; and the stack's pre-flight
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import yaml
 from chaoslib.configuration import load_configuration
@@ -36,11 +39,12 @@ from harness.errors import ExperimentError, SpecchaosError, first_error
 from harness.experiment import actions
 from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig, parse_config
+from harness.experiment.overrides import CONFIG_VAR, Override, apply_overrides, config_var_overrides
 from harness.metrics.phases import PHASES
 from harness.stack.preflight import check_stack
 
 __all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment",
-           "check_experiment"]
+           "check_experiment", "run_meta"]
 
 CONTROL_MODULE = "harness.experiment.control"
 ACTIONS_MODULE = "harness.experiment.actions"
@@ -69,6 +73,8 @@ class Experiment:
     #: Seconds the method's fault actions hold their faults and its pauses wait, at most
     #: (``duration_s`` + ``pauses`` summed): the load must outlast them.
     method_hold_s: float = 0.0
+    #: The overrides applied to ``configuration.specchaos`` (lowest precedence first).
+    overrides: list[Override] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -182,23 +188,36 @@ def _check_host(doc: dict[str, Any], loc: str, fault: Fault, where: str, cfg: Sp
         raise ExperimentError(exc.message, where=f"{at}.{exc.where}" if exc.where else at, hint=exc.hint) from None
 
 
-def load_experiment(path: str | Path) -> Experiment:
-    """Parse and validate an experiment without starting anything (see module doc).
+def load_experiment(path: str | Path, overrides: Sequence[Override] = ()) -> Experiment:
+    """Parse and validate an experiment without starting anything (see module doc), with
+    ``overrides`` (:mod:`harness.experiment.overrides`) applied to its
+    ``configuration.specchaos`` before it is validated.
 
     Raises:
         ExperimentError: malformed file, unknown fault/role/argument, missing control,
-            a method without a fault.
+            a method without a fault, an override of an unknown field or with an invalid value.
         ModelError: a model directory named by the configuration is missing.
         StackError: an explicitly configured port is already in use.
     """
     path = Path(path)
-    return check_experiment(parse_file(path), path)
+    return check_experiment(parse_file(path), path, overrides=overrides)
 
 
-def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
+def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[Override] = (),
+                     configuration: dict[str, Any] | None = None) -> Experiment:
     """Validate a parsed experiment document (every step of :func:`load_experiment` after
     parsing). ``path`` names the document in error messages: the file, or under plain
     ``chaos run`` (which hands the control the document, not its path) a label.
+
+    Args:
+        overrides: applied to ``configuration.specchaos`` before it is validated, with those
+            of ``configuration.specchaos_set`` (ranked between the environment and ``--set``).
+        configuration: the configuration as Chaos Toolkit resolved it (``chaos run --var``
+            included); default: resolved here from the document.
+
+    Returns:
+        The experiment; its ``doc`` carries the block with the overrides applied, and
+        ``overrides`` lists them.
 
     Raises:
         ExperimentError, ModelError, StackError: as :func:`load_experiment`.
@@ -214,10 +233,13 @@ def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
         raise ExperimentError(f"the experiment does not declare the specchaos control ({CONTROL_MODULE})",
                               where=f"{path}: controls",
                               hint="add {name: specchaos, provider: {type: python, module: harness.experiment.control}}")
-    try:
-        conf = load_configuration(doc.get("configuration") or {})
-    except ChaosException as exc:
-        raise ExperimentError(str(exc), where=f"{path}: configuration") from None
+    if configuration is None:
+        try:
+            conf = load_configuration(doc.get("configuration") or {})
+        except ChaosException as exc:
+            raise ExperimentError(str(exc), where=f"{path}: configuration") from None
+    else:
+        conf = configuration
     if "specchaos" not in conf:   # the defaults would apply silently: refuse
         near = difflib.get_close_matches("specchaos", [str(k) for k in conf], n=1, cutoff=0.6)
         raise ExperimentError("missing: the specchaos control needs this block (stack, load, phases and the "
@@ -225,7 +247,13 @@ def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
                               where=f"{path}: configuration.specchaos",
                               hint=f"is configuration.{near[0]} a misspelling of it?" if near else
                               "add configuration: {specchaos: {...}}; experiments/kill-draft-worker.yaml has one")
-    cfg = parse_config(conf.get("specchaos"), where=f"{path}: configuration.specchaos")
+    ovs = [*overrides, *config_var_overrides(conf.get(CONFIG_VAR), where=f"{path}: configuration.{CONFIG_VAR}")]
+    block = conf.get("specchaos")
+    if ovs:
+        block = apply_overrides(block, ovs, SpecchaosConfig)
+        doc = copy.deepcopy(doc)
+        doc.setdefault("configuration", {})["specchaos"] = block
+    cfg = parse_config(block, where=f"{path}: configuration.specchaos", overrides=ovs)
     if cfg.gpu.require and (why := gpu.unavailable()) is not None:
         raise ExperimentError(why, where=f"{path}: configuration.specchaos.gpu.require",
                               hint="run it on a host with an NVIDIA GPU and its driver (nvidia-smi lists it), or set "
@@ -256,7 +284,14 @@ def check_experiment(doc: dict[str, Any], path: str | Path) -> Experiment:
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
     return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
-                      method_hold_s=method_hold_s(doc))
+                      method_hold_s=method_hold_s(doc), overrides=sorted(ovs, key=lambda o: o.rank))
+
+
+def run_meta(exp: Experiment) -> dict[str, Any]:
+    """What a run records about its experiment beyond the document: ``overrides``, the
+    overrides applied (``[{"path", "value", "source"}]``, lowest precedence first), when any.
+    It goes into ``run.json`` and ``report.json``."""
+    return {"overrides": [o.to_dict() for o in exp.overrides]} if exp.overrides else {}
 
 
 def method_hold_s(doc: dict[str, Any]) -> float:

@@ -13,10 +13,10 @@ The result:
   failing checks (one line each: name, detail) as ``statusDetails.message``; ``error`` →
   broken, the run errors as the message;
 * **steps**: one per phase (warm-up, baseline, fault, recovery, after, with their times and
-  figures: requests, errors, p95 TTFT/E2E in s, output tokens/s), one per Chaos Toolkit
-  activity (steady-state probes before and after the method, method actions, rollbacks,
-  each with its status and arguments), one per check (passed, failed, or skipped when
-  not judged);
+  figures: requests, errors, p95 TTFT/E2E in s, output tokens/s), one per fault (from
+  injection to clear, broken when it left no evidence), one per Chaos Toolkit activity
+  (steady-state probes before and after the method, method actions, rollbacks, each with
+  its status and arguments), one per check (passed, failed, or skipped when not judged);
 * **parameters**: launcher, target, draft, method, k (``num_speculative_tokens``), fault
   kinds, seed, vLLM version;
 * **labels**: ``epic`` specchaos, ``feature`` per fault family, ``story`` and ``suite``
@@ -30,28 +30,42 @@ The result:
   by the test case and the parameters: a run with another draft or k is another line);
 * **description**: the experiment's description and verdict (and why the plot is
   missing, if it is);
-* **attachments**: ``timeline.png`` (image/png), ``report.json``, the journal, the summary
-  table as plain text (:func:`harness.report.summary.render_summary`), the tail of each
-  server log (``logs/*``).
+* **attachments**: ``timeline.png`` (image/png), the per-phase table (CSV, which Allure
+  shows as a table: window, requests, errors, p50/p95/p99 of TTFT, TPOT, ITL, E2E, tokens/s,
+  goodput, acceptance), the summary as plain text
+  (:func:`harness.report.summary.render_summary`), ``report.json``, the journal, the tail of
+  each server log (``logs/*``).
 
-Next to it, ``environment.properties`` (vLLM version, launcher, method, draft, k, host,
-Python) for the overview's Environment widget.
+Next to it (:func:`write_results_metadata`): ``environment.properties`` (vLLM version,
+launcher, method, draft, k, host, Python) for the overview's Environment widget,
+``categories.json`` (:data:`CATEGORIES`: SLO, integrity, recovery, liveness and hang,
+speculation, harness error, matched on the failing checks' names that every failure
+message lists) and ``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
+which names the build of each point of the Trend widget.
 
 Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
 also the directory named by ``$SPECCHAOS_ALLURE_DIR`` when set (added to: results of many
-runs gathered for one report).
+runs gathered for one report). Under pytest with allure-pytest, the experiment's pytest
+result is the one result: :func:`merge_into` adds all of the above to it
+(:mod:`harness.pytest_plugin`).
+
+The Trend widget needs the ``history/`` of the report generated last time inside the
+results directory before ``allure generate``: ``ci/allure-report.sh RESULTS REPORT`` copies
+it there.
 """
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import logging
 import os
 import platform
+import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from allure_commons.logger import AllureFileLogger
 from allure_commons.model2 import (ATTACHMENT_PATTERN, Attachment, Label, Link, Parameter, Status, StatusDetails,
@@ -63,11 +77,11 @@ from rich.console import Console
 from faults.registry import REGISTRY
 from harness.metrics.phases import phase_windows
 from harness.report.summary import render_summary
-from harness.report.timeline_plot import try_plot_timeline
+from harness.report.timeline_plot import PLOT_FILE, try_plot_timeline
 from harness.timeline import read_timeline
 
-__all__ = ["ALLURE_DIR_ENV", "RESULTS_DIR", "STATUS", "allure_result", "write_allure_results", "publish_allure",
-           "history_id"]
+__all__ = ["ALLURE_DIR_ENV", "RESULTS_DIR", "STATUS", "CATEGORIES", "allure_result", "write_allure_results",
+           "publish_allure", "history_id", "executor", "write_results_metadata", "merge_into"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +95,42 @@ STATUS = {"pass": Status.PASSED, "fail": Status.FAILED, "aborted": Status.FAILED
 LOG_TAIL_LINES = 200
 LOG_TAIL_BYTES = 64 * 1024
 _PHASES = ("warm-up", "baseline", "fault", "recovery", "after")
+
+
+def _checks_named(*prefixes: str) -> str:
+    """A ``messageRegex`` (Java, whole message) matching a message with a line that starts
+    (after spaces) with a failing check ``<prefix>.<rest>:``, as both the result's message
+    (:func:`_status_details`: ``name: detail``) and the pytest item's
+    (:func:`harness.pytest_plugin.failure_message`: ``  name: observed X, limit Y``) have it."""
+    return r"(?s)(.*\n)?[ \t]*(" + "|".join(prefixes) + r")\.[^\n:]*:.*"
+
+
+#: Allure's failure categories (``categories.json``): a failed result lands in every
+#: category whose ``messageRegex`` its message matches; a broken one (verdict ``error``: the
+#: run could not be judged) is a harness error.
+CATEGORIES: list[dict[str, Any]] = [
+    {"name": "SLO", "description": "latency, error-rate or degradation limits (slo.*, degradation.*, safeguards.*)",
+     "matchedStatuses": ["failed"], "messageRegex": _checks_named("slo", "degradation", "safeguards")},
+    {"name": "integrity", "description": "outputs that differ from the non-speculative reference, malformed or "
+                                         "cut streams called complete (integrity.*)",
+     "matchedStatuses": ["failed"], "messageRegex": _checks_named("integrity")},
+    {"name": "recovery", "description": "too slow (or no) recovery after the fault, or the steady state missed "
+                                        "after the method (recovery.*, steady_state.*)",
+     "matchedStatuses": ["failed"], "messageRegex": _checks_named("recovery", "steady_state")},
+    {"name": "liveness and hang", "description": "health that lies, streams that stall, requests that hang or "
+                                                 "are not failed fast, orphans (liveness.*, hang.*, fail_fast.*, "
+                                                 "client_abort.*, orphans.*)",
+     "matchedStatuses": ["failed"], "messageRegex": _checks_named("liveness", "hang", "fail_fast", "client_abort",
+                                                                  "orphans")},
+    {"name": "speculation", "description": "acceptance collapse or floor, speedup over plain decoding, the circuit "
+                                           "breaker and fallback (speculation.*, acceptance_floor.*, mirror.*, "
+                                           "breaker.*, fallback.*)",
+     "matchedStatuses": ["failed"], "messageRegex": _checks_named("speculation", "acceptance_floor", "mirror",
+                                                                  "breaker", "fallback")},
+    {"name": "harness error", "description": "the run could not be judged (verdict error): bad input, a stack that "
+                                             "did not start, a fault without evidence, an interruption",
+     "matchedStatuses": ["broken"]},
+]
 
 
 def _ms(t: Any) -> int | None:
@@ -178,6 +228,50 @@ def _phase_steps(report: dict[str, Any], events: list[dict[str, Any]]) -> list[T
         steps.append(TestStepResult(name=f"phase {ph}", status=Status.FAILED if ph in failed_in else Status.PASSED,
                                     start=_ms(a), stop=_ms(b), parameters=_params(figures)))
     return steps
+
+
+def _fault_steps(report: dict[str, Any]) -> list[TestStepResult]:
+    """One step per injected fault: from injection to clear (open: to the report's end),
+    passed when it left evidence that it acted, else broken."""
+    steps = []
+    for f in report.get("faults") or []:
+        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+        detail = ev.get("detail") or None
+        acted = bool(f.get("acted"))
+        steps.append(TestStepResult(
+            name=f"fault {f.get('kind')} on {f.get('target')}", status=Status.PASSED if acted else Status.BROKEN,
+            statusDetails=None if acted else StatusDetails(message=detail or "left no evidence that it acted"),
+            start=_ms(f.get("injected_at")), stop=_ms(f.get("cleared_at")),
+            parameters=_params({"fault_id": f.get("fault_id"), "acted": acted, "evidence": detail,
+                                "cleared_at": f.get("cleared_at"),
+                                **{f"observed {k}": v for k, v in (ev.get("observations") or {}).items()}})))
+    return steps
+
+
+#: Columns of the per-phase table: (header, phase field, percentile or None).
+_TABLE = [("duration_s", "duration_s", None), ("requests", "requests", None), ("errors", "errors", None),
+          ("error_rate", "error_rate", None),
+          *((f"{m}_{q}_s", f"{m}_s", q) for m in ("ttft", "tpot", "itl", "e2e") for q in ("p50", "p95", "p99")),
+          ("output_tokens_per_s", "output_tokens_per_s", None), ("goodput_rps", "goodput_rps", None)]
+
+
+def phase_table_csv(report: dict[str, Any]) -> str:
+    """The per-phase table as CSV: one row per phase (start and end epoch seconds, the
+    figures of :data:`_TABLE`, and the speculative server's acceptance rate from vLLM's
+    counters); empty cells where the report has no value."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["phase", "start", "end", *(h for h, _, _ in _TABLE), "acceptance_rate"])
+    spec = (((report.get("speculation") or {}).get("servers") or {}).get("spec") or {}).get("phases") or {}
+    for ph, m in (report.get("phases") or {}).items():
+        cells = []
+        for _, field, q in _TABLE:
+            v = m.get(field)
+            cells.append((v or {}).get(q) if q else v)
+        cells.append((spec.get(ph) or {}).get("acceptance_rate"))
+        w.writerow([ph, m.get("start"), m.get("end"), *("" if v is None else (f"{v:.6g}" if isinstance(v, float)
+                                                                               else v) for v in cells)])
+    return buf.getvalue()
 
 
 def _activity_status(run: dict[str, Any]) -> tuple[str, str | None]:
@@ -327,7 +421,7 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
     tags = [str(t) for t in doc.get("tags") or []]
     verdict = str(report.get("verdict"))
 
-    steps = _phase_steps(report, events) + _journal_steps(journal)
+    steps = _phase_steps(report, events) + _fault_steps(report) + _journal_steps(journal)
     checks = _check_steps(report)
     if checks is not None:
         steps.append(checks)
@@ -352,6 +446,7 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
     attachments: list[tuple] = []
     if plot is not None and plot.is_file():
         attachments.append(("timeline plot", AttachmentType.PNG, plot))
+    attachments.append(("per-phase table", AttachmentType.CSV, phase_table_csv(report).encode("utf-8")))
     attachments.append(("summary", AttachmentType.TEXT, _summary_text(report).encode("utf-8")))
     attachments.append(("report.json", AttachmentType.JSON, json.dumps(report, indent=2).encode("utf-8")))
     if journal is not None:
@@ -382,16 +477,42 @@ def _dirs(run_dir: Path, extra: list[str | Path] | None) -> list[Path]:
     return out
 
 
-def _write_environment(target: Path, report: dict[str, Any]) -> None:
-    """``environment.properties`` (Allure's overview widget "Environment"; the library has
-    no writer for it): the stack of the latest run written to ``target``."""
+def executor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``executor.json``: what ran the tests. In GitHub Actions (``$GITHUB_RUN_ID`` set) the
+    workflow run (name, ``buildOrder`` = run number, build URL); elsewhere this host, with
+    ``buildOrder`` the epoch second, so trend points keep their order."""
+    env = os.environ if environ is None else environ
+    if env.get("GITHUB_RUN_ID"):
+        server, repo = env.get("GITHUB_SERVER_URL", "https://github.com"), env.get("GITHUB_REPOSITORY", "")
+        number = env.get("GITHUB_RUN_NUMBER", "")
+        return {"name": "GitHub Actions", "type": "github", "reportName": "specchaos",
+                "buildName": f"{env.get('GITHUB_WORKFLOW', 'workflow')} #{number}",
+                "buildOrder": int(number) if number.isdigit() else None,
+                "buildUrl": f"{server}/{repo}/actions/runs/{env['GITHUB_RUN_ID']}"}
+    stamp = int(time.time())
+    return {"name": platform.node() or "local", "type": "local", "reportName": "specchaos",
+            "buildName": f"{platform.node() or 'local'} {datetime.fromtimestamp(stamp).isoformat(timespec='seconds')}",
+            "buildOrder": stamp}
+
+
+def write_results_metadata(target: str | Path, report: dict[str, Any] | None = None) -> None:
+    """Write Allure's files beside the results in ``target``: ``categories.json``,
+    ``executor.json`` and, given a report, ``environment.properties`` (the stack of that run;
+    the library has no writer for these)."""
+    t = Path(target)
+    t.mkdir(parents=True, exist_ok=True)
+    (t / "categories.json").write_text(json.dumps(CATEGORIES, indent=2) + "\n", encoding="utf-8")
+    (t / "executor.json").write_text(json.dumps({k: v for k, v in executor().items() if v is not None}, indent=2)
+                                     + "\n", encoding="utf-8")
+    if report is None:
+        return
     stack = report.get("stack") or {}
     spec = stack.get("speculative") or {}
     env = {"vLLM": stack.get("vllm_version"), "launcher": stack.get("launcher"), "method": spec.get("method"),
            "draft": spec.get("draft"), "k": spec.get("num_speculative_tokens"), "host": platform.node(),
            "python": platform.python_version()}
     lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in env.items() if v is not None]
-    (target / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (t / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None,
@@ -432,11 +553,49 @@ def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = No
             else:
                 logger.report_attached_data(body, file_name)
             result.attachments.append(Attachment(name=name, source=file_name, type=kind.mime_type))
-        _write_environment(Path(target), report)
+        write_results_metadata(target, report)
         before = set(Path(target).glob("*-result.json"))
         logger.report_result(result)
         written += sorted(set(Path(target).glob("*-result.json")) - before)
     return written
+
+
+#: Labels allure-pytest sets on its results itself (kept as it sets them by :func:`merge_into`).
+_PYTEST_OWN_LABELS = {LabelType.FRAMEWORK, LabelType.LANGUAGE, LabelType.HOST, LabelType.THREAD}
+
+
+def merge_into(target: TestResult, run_dir: str | Path, report: dict[str, Any],
+               attach: Callable[[str, AttachmentType, bytes | Path], None], journal: dict | None = None) -> None:
+    """Make ``target``, allure-pytest's result of an experiment's pytest item, the
+    experiment's one Allure result: the steps (phases, faults, Chaos Toolkit activities,
+    checks), parameters, labels, links, description and attachments of
+    :func:`allure_result` go into it. Its status stays the item's outcome (the verdict's:
+    passed, failed), except that a run that could not be judged (verdict ``error``) is
+    broken, as in :data:`STATUS`.
+
+    Args:
+        target: the pytest item's result (before allure-pytest writes it).
+        run_dir: the run directory; its ``timeline.png`` is attached (drawn when missing).
+        report: the run's report.
+        attach: writes one attachment of ``target``: ``(name, type, bytes or file)``.
+        journal: the Chaos Toolkit journal (default: ``journal.json`` when present).
+    """
+    d = Path(run_dir)
+    if journal is None and (d / "journal.json").is_file():
+        journal = _read_json(d / "journal.json")
+    plot, plot_error = (d / PLOT_FILE, None) if (d / PLOT_FILE).is_file() else \
+        try_plot_timeline(d, title=str(report.get("experiment") or d.name))
+    result, attachments = allure_result(d, report, journal, plot=plot, plot_error=plot_error)
+    target.steps.extend(result.steps)
+    have = {p.name for p in target.parameters}
+    target.parameters.extend(p for p in result.parameters if p.name not in have)
+    target.labels.extend(lb for lb in result.labels if lb.name not in _PYTEST_OWN_LABELS)
+    target.links.extend(result.links)
+    target.description = result.description
+    if report.get("verdict") == "error":
+        target.status = Status.BROKEN
+    for name, kind, body in attachments:
+        attach(name, kind, body)
 
 
 def publish_allure(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None) -> str | None:

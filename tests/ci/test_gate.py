@@ -86,9 +86,25 @@ def test_hand_written_gate_tests_map_onto_the_gate_codes(tmp_path, body, code):
 
 
 def test_an_unknown_option():
+    usage = "usage: ci/gate.sh [--html] [--set PATH=VALUE]... [--var-file FILE]... [EXPERIMENT_FILES_OR_DIRS...]"
     proc = gate("--fast", timeout=60)
-    assert proc.returncode == 2 and stderr_lines(proc) == [
-        "gate: unknown option --fast (usage: ci/gate.sh [--html] [EXPERIMENT_FILES_OR_DIRS...])"]
+    assert proc.returncode == 2 and stderr_lines(proc) == [f"gate: unknown option --fast ({usage})"]
+    proc = gate("--set", timeout=60)
+    assert proc.returncode == 2 and stderr_lines(proc) == [f"gate: --set needs a value ({usage})"]
+
+
+def test_an_override_reaches_every_experiment_and_a_bad_one_is_an_error(tmp_path):
+    """``--set`` (and ``--var-file``) go to the plugin, which applies them to each experiment
+    before it validates: an invalid value is the item's one-line error naming the override,
+    and nothing starts."""
+    varfile = tmp_path / "vars.yaml"
+    varfile.write_text("phases:\n  baseline_s: 5\n")
+    proc = gate("--var-file", str(varfile), "--set", "load.users=0", str(SHORT), timeout=300,
+                SPECCHAOS_GATE_OUT=str(tmp_path / "out"), SPECCHAOS_GATE_ALLURE=str(tmp_path / "allure"))
+    assert proc.returncode == 2
+    assert "--set load.users=0: Input should be greater than or equal to 1" in proc.stdout
+    rows = json.loads((tmp_path / "out" / "verdicts.json").read_text())["experiments"]
+    assert [r["verdict"] for r in rows] == ["error"] and not (tmp_path / "out" / "stacks").exists()
 
 
 def test_an_experiment_that_does_not_validate_is_an_error(tmp_path):

@@ -9,11 +9,12 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
+from harness.experiment.overrides import read_var_file
+from harness.experiment.validate import load_experiment
 from tests.ci.helpers import ROOT
 
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -85,6 +86,7 @@ def test_gpu_variant_runs_on_a_self_hosted_gpu_runner_with_real_models():
         assert var in GPU_DOCS.read_text(), f"{var} is not documented in {GPU_DOCS.relative_to(ROOT)}"
     words = [w for c in commands(doc) for w in c]
     assert "ci/gpu-experiments.py" in words and "ci/gate.sh" in words
+    assert ["ci/gate.sh", "--var-file", "results/gpu-overrides.json", "experiments/"] in commands(doc)
 
 
 @pytest.mark.parametrize("path", [NIGHTLY, GPU], ids=lambda p: p.name)
@@ -129,17 +131,29 @@ def test_every_local_command_exists(workflow, words):
             f"{workflow}: a command this test does not know: {words}"
 
 
-def test_the_gpu_copies_point_the_stack_at_the_real_models(tmp_path):
-    env = dict(os.environ, SPECCHAOS_GPU_MODELS_DIR="/models", SPECCHAOS_GPU_TARGET="/models/Llama-3.1-8B",
-               SPECCHAOS_GPU_DRAFT="/models/Llama-3.2-1B")
-    proc = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(tmp_path), "experiments/kill-draft-worker.yaml"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+def test_the_gpu_overrides_point_every_experiment_at_the_real_models(tmp_path):
+    """ci/gpu-experiments.py writes a var file; applied to a shipped experiment it gives the
+    GPU stack, and the experiment file is left as it is."""
+    env = dict(os.environ, SPECCHAOS_GPU_MODELS_DIR=str(ROOT / "models"), SPECCHAOS_GPU_TARGET="target",
+               SPECCHAOS_GPU_DRAFT="draft-acc80")
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    stack = yaml.safe_load((tmp_path / "kill-draft-worker.yaml").read_text())["configuration"]["specchaos"]["stack"]
-    assert stack["target"] == "/models/Llama-3.1-8B" and stack["draft"] == "/models/Llama-3.2-1B"
-    assert stack["method"] == "draft_model" and stack["enforce_eager"] is False and "kv_cache_gib" not in stack
-    assert stack["extra_args"] == ["--gpu-memory-utilization", "0.4"]
-    missing = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(tmp_path)], cwd=ROOT,
+    exp_file = ROOT / "experiments" / "kill-draft-worker.yaml"
+    before = exp_file.read_text()
+    stack = load_experiment(exp_file, overrides=read_var_file(out)).cfg.stack
+    assert stack.models_dir == str(ROOT / "models") and stack.target == "target" and stack.draft == "draft-acc80"
+    assert stack.method == "draft_model" and stack.enforce_eager is False and stack.dtype == "bfloat16"
+    assert stack.extra_args == ["--gpu-memory-utilization", "0.4"] and stack.num_speculative_tokens == 4
+    assert exp_file.read_text() == before
+    # no draft: ngram, and the draft the experiment names is unset
+    env.pop("SPECCHAOS_GPU_DRAFT")
+    subprocess.run([sys.executable, "ci/gpu-experiments.py", str(out)], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=60)
+    stack = load_experiment(exp_file, overrides=read_var_file(out)).cfg.stack
+    assert stack.method == "ngram" and stack.draft is None
+    missing = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(out)], cwd=ROOT,
                              env={k: v for k, v in env.items() if k != "SPECCHAOS_GPU_TARGET"},
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
@@ -150,15 +164,12 @@ def test_the_gpu_copies_point_the_stack_at_the_real_models(tmp_path):
     ({"SPECCHAOS_GPU_K": "abc"}, "$SPECCHAOS_GPU_K must be a whole number"),
     ({"SPECCHAOS_GPU_MEMORY_UTILIZATION": "x"}, "$SPECCHAOS_GPU_MEMORY_UTILIZATION must be a fraction"),
     ({"SPECCHAOS_GPU_MEMORY_UTILIZATION": "1.5"}, "$SPECCHAOS_GPU_MEMORY_UTILIZATION must be a fraction"),
-    ({"BAD_FILE": "1"}, "not a readable YAML experiment"),
+    ({"OUT_IS_DIR": "1"}, "is a directory"),
 ])
 def test_bad_gpu_settings_are_one_line_exit_2(tmp_path, extra, needle):
     env = dict(os.environ, SPECCHAOS_GPU_MODELS_DIR="/models", SPECCHAOS_GPU_TARGET="/models/t", **extra)
-    src = "experiments/kill-draft-worker.yaml"
-    if "BAD_FILE" in extra:
-        src = str(tmp_path / "bad.yaml")
-        Path(src).write_text("method: [\n")
-    proc = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(tmp_path / "out"), src], cwd=ROOT, env=env,
+    out = tmp_path if "OUT_IS_DIR" in extra else tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "ci/gpu-experiments.py", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert needle in proc.stderr

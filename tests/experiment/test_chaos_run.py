@@ -153,11 +153,27 @@ def test_chaos_run_refuses_a_bad_experiment_in_one_line(tmp_path, monkeypatch):
     assert leaked_since(before) == []
 
 
-def _fake_chaos_run(tmp: Path, monkeypatch, name: str, **config) -> tuple[int, str, dict, Path]:
+def test_chaos_run_refuses_an_override_of_an_unknown_field_in_one_line(tmp_path, monkeypatch):
+    """``chaos run --var specchaos_set=...`` is checked like ``specchaos run --set``: an
+    unknown field is one line naming the override, before anything starts."""
+    monkeypatch.setenv("SPECCHAOS_OUT", str(tmp_path / "out"))
+    exp = write(tmp_path, experiment_doc("kill-draft-worker.yaml"))
+    res = chaos(tmp_path, "run", "--journal-path", str(tmp_path / "journal.json"), "--var",
+                "specchaos_set=load.userz=3", str(exp))
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.output.splitlines() if "load.userz=3" in ln]
+    assert len(lines) == 1 and "unknown field 'userz' in configuration.specchaos.load" in lines[0], res.output
+    assert "did you mean users?" in lines[0]
+    journal = json.loads((tmp_path / "journal.json").read_text())
+    assert journal["specchaos"]["verdict"] == "error" and not journal["run"]
+    assert not (tmp_path / "out").exists()
+
+
+def _fake_chaos_run(tmp: Path, monkeypatch, name: str, *chaos_args: str, **config) -> tuple[int, str, dict, Path]:
     exp = fast_experiment(tmp, name, **config)
     out = tmp / f"{name}-out"
     monkeypatch.setenv("SPECCHAOS_OUT", str(out))
-    res = chaos(tmp, "run", "--journal-path", str(tmp / f"{name}-journal.json"), str(exp))
+    res = chaos(tmp, "run", "--journal-path", str(tmp / f"{name}-journal.json"), *chaos_args, str(exp))
     print(res.output[-3000:])
     return res.exit_code, res.output, json.loads((tmp / f"{name}-journal.json").read_text()), out
 
@@ -184,13 +200,16 @@ def test_chaos_run_passes_with_exit_0_and_a_completed_journal(tmp_path, monkeypa
 
 @pytest.mark.timeout(240)
 def test_chaos_run_fails_with_exit_1_and_a_deviated_journal(tmp_path, monkeypatch):
-    """An impossible recovery limit (healthy 1 ms after the kill): the specchaos verdict
+    """An impossible recovery limit (healthy 1 ms after the kill), given on the command line
+    (``--var specchaos_set=...`` reaches ``configuration.specchaos``): the specchaos verdict
     is fail while every steady-state probe meets its tolerance, so Chaos Toolkit alone
     would say ``completed`` and exit 0; the journal now says deviated and ``chaos`` exits 1."""
-    code, output, journal, out = _fake_chaos_run(tmp_path, monkeypatch, "fail",
-                                                 recovery={"time_to_healthy_s": 0.001})
+    code, output, journal, out = _fake_chaos_run(tmp_path, monkeypatch, "fail", "--var",
+                                                 "specchaos_set=recovery.time_to_healthy_s=0.001;load.seed=77")
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "fail", report["errors"]
+    assert [o["path"] for o in report["overrides"]] == ["recovery.time_to_healthy_s", "load.seed"]
+    assert json.loads((out / "config.json").read_text())["recovery"]["time_to_healthy_s"] == 0.001
     assert code == 1
     assert journal["specchaos"]["chaostoolkit_status"] == "completed", "chaos alone would have passed it"
     assert journal["specchaos"]["chaostoolkit_deviated"] is False

@@ -36,7 +36,8 @@ def test_kill_the_worker_passes_end_to_end(tmp_path):
     assert {"steady_state.before.health-is-200", "steady_state.after.current-phase-within-slo",
             "integrity.mismatched", "recovery.time_to_healthy_s", "fail_fast.hung"} <= set(names)
     for f in ("report.json", "journal.json", "records.jsonl", "reference.jsonl", "timeline.jsonl", "ledger.jsonl",
-              "run.json", "config.json", "experiment.json", "prompts.json", "metrics.jsonl", "timeline.png"):
+              "run.json", "config.json", "experiment.json", "prompts.json", "metrics.jsonl", "timeline.png",
+              "specchaos.prom"):   # harness.report.prometheus
         assert (out / f).is_file(), f
     assert len(list((out / "allure-results").glob("*-result.json"))) == 1   # harness.report.allure
     assert json.loads((out / "report.json").read_text())["verdict"] == "pass"

@@ -7,6 +7,7 @@ and the browser check are in :mod:`tests.experiment.test_run_e2e` and
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -122,9 +123,13 @@ def test_a_passed_run_gives_one_result_with_steps_params_labels_link_and_attachm
     assert res["historyId"] == res["testCaseId"] == history_id(str(run_dir.parent / "kill.yaml"), META["experiment"])
     top = [s["name"] for s in res["steps"]]
     assert top[:5] == ["phase warm-up", "phase baseline", "phase fault", "phase recovery", "phase after"]
-    assert top[5:9] == ["steady-state hypothesis before the method", "method",
-                        "steady-state hypothesis after the method", "rollbacks"]
-    assert top[9].startswith("checks (")
+    assert top[5] == "fault process-kill on spec/worker"
+    assert top[6:10] == ["steady-state hypothesis before the method", "method",
+                         "steady-state hypothesis after the method", "rollbacks"]
+    assert top[10].startswith("checks (")
+    fault = res["steps"][5]
+    assert fault["status"] == "passed" and fault["start"] == 1030.5 * 1000 and fault["stop"] == 1045.0 * 1000
+    assert {"name": "evidence", "value": "worker gone"} in fault["parameters"]
     base = res["steps"][1]
     assert base["start"] == STARTS["baseline"] * 1000 and base["stop"] == STARTS["fault"] * 1000
     assert {p["name"] for p in base["parameters"]} >= {"requests", "errors", "ttft_p95_s", "e2e_p95_s"}
@@ -147,8 +152,14 @@ def test_a_passed_run_gives_one_result_with_steps_params_labels_link_and_attachm
     assert link["url"] == (run_dir.parent / "kill.yaml").resolve().as_uri()
 
     atts = {a["name"]: a for a in res["attachments"]}
-    assert set(atts) == {"timeline plot", "summary", "report.json", "journal.json", "log tail: spec-server.log"}
-    assert atts["timeline plot"]["type"] == "image/png"
+    assert set(atts) == {"timeline plot", "per-phase table", "summary", "report.json", "journal.json",
+                         "log tail: spec-server.log"}
+    assert atts["timeline plot"]["type"] == "image/png" and atts["per-phase table"]["type"] == "text/csv"
+    rows = list(csv.DictReader((run_dir / RESULTS_DIR / atts["per-phase table"]["source"]).open()))
+    assert [r["phase"] for r in rows] == ["baseline", "fault", "recovery", "after"]
+    assert float(rows[0]["ttft_p95_s"]) == rep["phases"]["baseline"]["ttft_s"]["p95"]
+    assert float(rows[1]["error_rate"]) == pytest.approx(rep["phases"]["fault"]["error_rate"])
+    assert float(rows[0]["acceptance_rate"]) == pytest.approx(0.6)   # vLLM's counters (metrics.jsonl)
     for a in atts.values():
         assert (run_dir / RESULTS_DIR / a["source"]).is_file(), a
     img = mpimg.imread(run_dir / RESULTS_DIR / atts["timeline plot"]["source"])
@@ -161,6 +172,10 @@ def test_a_passed_run_gives_one_result_with_steps_params_labels_link_and_attachm
     assert (run_dir / "timeline.png").is_file()
     env = (run_dir / RESULTS_DIR / "environment.properties").read_text().splitlines()
     assert "vLLM=0.32.0" in env and "launcher=local" in env and "k=4" in env
+    cats = json.loads((run_dir / RESULTS_DIR / "categories.json").read_text())
+    assert [c["name"] for c in cats] == ["SLO", "integrity", "recovery", "liveness and hang", "speculation",
+                                         "harness error"]
+    assert json.loads((run_dir / RESULTS_DIR / "executor.json").read_text())["reportName"] == "specchaos"
 
 
 def test_a_failed_run_is_failed_with_the_failing_checks_as_message(run_dir):
