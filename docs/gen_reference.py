@@ -223,13 +223,13 @@ def nested_refs(schema: dict[str, Any]) -> Iterator[tuple[str, str]]:
                 stack.append(node["additionalProperties"])
 
 
-def configuration_page() -> str:
-    from harness.experiment.config import SpecchaosConfig
-
-    schema = SpecchaosConfig.model_json_schema()
+def model_sections(model: Any, root: str) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """The field table of ``model`` (a pydantic model class) and one section per nested model,
+    each at the first dotted path from ``root`` that reaches it, depth first: (Markdown lines
+    starting with the root's table, the schema, the anchors)."""
+    schema = model.model_json_schema()
     defs = schema.get("$defs", {})
-    classes = model_classes(SpecchaosConfig)
-    # each nested model gets its section at the first dotted path that reaches it, depth first
+    classes = model_classes(model)
     order: list[tuple[str, str]] = []   # (path, $defs name)
     seen: set[str] = set()
 
@@ -240,16 +240,9 @@ def configuration_page() -> str:
                 order.append((f"{path}.{field}", ref))
                 visit(f"{path}.{field}", defs.get(ref, {}))
 
-    visit("specchaos", schema)
+    visit(root, schema)
     anchors = {ref: slug(path) for path, ref in order}
-
-    lines = ["# Configuration: `configuration.specchaos`", "",
-             "Generated from the JSON Schema of `harness.experiment.config.SpecchaosConfig` at docs build time. "
-             "Every block and every field is optional: what an experiment leaves out takes the default shown "
-             "(`specchaos validate FILE` prints the first field that does not validate, with its path). Unknown "
-             "fields are errors. Durations are seconds (`*_s`), sizes GiB (`*_gib`), rates fractions in [0, 1].",
-             "", rst_to_md(SpecchaosConfig.__doc__ or ""), heading(2, "specchaos"), "", *field_rows(schema, SpecchaosConfig,
-                                                                                          anchors), ""]
+    lines = [rst_to_md(model.__doc__ or ""), heading(2, root), "", *field_rows(schema, model, anchors), ""]
     for path, ref in order:
         sub = defs.get(ref, {})
         lines += [heading(2, path), "", f"Model `{ref}`" + (f" (`{classes[ref].__module__}`)" if ref in classes else "")
@@ -258,7 +251,20 @@ def configuration_page() -> str:
         if doc:
             lines += [rst_to_md(doc)]
         lines += [*field_rows(sub, classes.get(ref), anchors), ""]
-    return "\n".join(lines)
+    return lines, schema, anchors
+
+
+def configuration_page() -> str:
+    from harness.experiment.config import SpecchaosConfig
+
+    body, _, _ = model_sections(SpecchaosConfig, "specchaos")
+    return "\n".join([
+        "# Configuration: `configuration.specchaos`", "",
+        "Generated from the JSON Schema of `harness.experiment.config.SpecchaosConfig` at docs build time. "
+        "Every block and every field is optional: what an experiment leaves out takes the default shown "
+        "(`specchaos validate FILE` prints the first field that does not validate, with its path). Unknown "
+        "fields are errors. Durations are seconds (`*_s`), sizes GiB (`*_gib`), rates fractions in [0, 1].",
+        "", *body])
 
 
 # --- faults ---------------------------------------------------------------------------
@@ -327,18 +333,23 @@ def report_page() -> str:
     from harness.checks.base import CheckResult
     from harness.checks.registry import CHECKS, RESERVED_NAMES
     from harness.report import json_report
+    from harness.report.schema import Report
 
     sections = [name for name, fam in CHECKS.items() if fam.section]
+    body, _, _ = model_sections(Report, "report")
     lines = ["# report.json", "",
-             f"Generated from `harness/report/json_report.py` and the check registry at docs build time. "
-             f"`schema_version` is {json_report.SCHEMA_VERSION}.", "", "## Schema", "",
-             rst_to_md(json_report.__doc__ or ""), "",
+             f"Generated from the JSON Schema of `harness.report.schema.Report` (published as "
+             f"`schemas/report.v1.schema.json`, [JSON Schemas](schemas.md)), `harness/report/json_report.py` and "
+             f"the check registry at docs build time. `schema_version` is {json_report.SCHEMA_VERSION}. Sections "
+             f"the schema leaves open are described by their check family.", "",
              "## Keys the judge writes", "", ", ".join(f"`{k}`" for k in sorted(RESERVED_NAMES)), "",
              "## Sections of the check families", "",
              "Each of these keys holds the section of the check family of the same name "
              "([Check families](checks.md)):", "", ", ".join(f"[`{s}`](checks.md#{slug(s)})" for s in sections), "",
              "## A check result (`checks[]`)", "", rst_to_md(CheckResult.__doc__ or ""),
-             "`judged` is added in report.json: false when `passed` is null.", ""]
+             "`judged` is added in report.json: false when `passed` is null.", "",
+             "## The whole file, as the schema gives it", "", *body,
+             "## In words", "", rst_to_md(json_report.__doc__ or ""), ""]
     return "\n".join(lines)
 
 

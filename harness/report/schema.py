@@ -144,10 +144,16 @@ class Recovery(_Open):
 
 
 class Integrity(_Open):
+    """Sequence integrity (:mod:`harness.checks.integrity`): responses compared with the
+    reference, and the defects counted."""
+
     compared: int | None = None
     mismatched: int | None = None
+    near_ties: int | None = None
     malformed: int | None = None
+    cut_by_planned_stop: int | None = None
     false_success: int | None = None
+    not_comparable: int | None = None
 
 
 class AcceptanceCounts(_Open):
