@@ -11,7 +11,7 @@
 #   ci/test.sh nightly   the nightly tier (-m "nightly or budget", hypothesis profile
 #                        nightly): make test-nightly
 #
-# Extra pytest options: $PYTEST_ARGS (word-split). Exit: 0 when every group passed, else the
+# Extra pytest options: $PYTEST_ARGS (word-split). $SPECCHAOS_JUNIT_DIR keeps each group's JUnit XML. Exit: 0 when every group passed, else the
 # first failing group's pytest exit code (5, no test collected, included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +21,13 @@ read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
 
 status=0
 summary=()
-junit="$(mktemp -d)"
-trap 'rm -rf "$junit"' EXIT
+# each group's JUnit XML (per-test times): kept in $SPECCHAOS_JUNIT_DIR when set, else a temporary dir
+if [ -n "${SPECCHAOS_JUNIT_DIR:-}" ]; then
+  junit="$SPECCHAOS_JUNIT_DIR"; mkdir -p "$junit"
+else
+  junit="$(mktemp -d)"
+  trap 'rm -rf "$junit"' EXIT
+fi
 group() {   # group NAME PYTEST-ARGS...
   local name="$1"; shift
   local t0=$SECONDS rc

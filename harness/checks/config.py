@@ -63,7 +63,7 @@ class RecoveryConfig(_Strict):
     """Limits on time to recover (seconds, measured from the fault or process death), and
     what "back within SLO" means: a rolling window of ``slo_window_s`` whose p95 TTFT and
     p95 E2E are at most ``baseline_p95_factor`` × the baseline's p95 (a factor, not a
-    tolerance in seconds; ``slo_tolerance`` is accepted as its former name). The dense
+    tolerance in seconds; ``slo_tolerance`` is an alias of it). The dense
     probes (``dense_*``) resolve the recovery instants to ≤ 100 ms
     (``report.json``'s ``recovery.resolution_s``)."""
 

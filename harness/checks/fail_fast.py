@@ -8,8 +8,8 @@ within ``ff.max_error_latency_s`` of the fault. A request that never ended is hu
 When no request was in flight at that instant the fault caught nobody: both checks are
 **not judged** (N/J, the reason in the detail), neither passed nor failed. Whether a
 request happened to be in flight at a kill is a matter of timing (a user between two
-requests, a kill a few milliseconds after the last response ended); failing on it made
-the same experiment's verdict vary from run to run (issue 17). Nothing is lost by it:
+requests, a kill a few milliseconds after the last response ended); failing on it would
+make the same experiment's verdict vary from run to run. Nothing is lost by it:
 the fault's own evidence (``fault.*.acted``), the hang, recovery and SLO checks still
 judge the run, and a run where nothing at all was judged is an error
 (:func:`harness.checks.verdict.verdict`). An experiment that must exercise fail-fast

@@ -290,8 +290,8 @@ class LoadConfig(BaseModel):
     mirror: bool = False
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
-    # --- distributed load (issue 10, deliverable 9): locust's own master/worker mode on
-    # loopback; 0 = one locust process as always. See harness.load.locust_process.
+    # --- distributed load: locust's own master/worker mode on loopback; 0 = one locust
+    # process. See harness.load.locust_process.
     workers: int = Field(0, ge=0, le=64)
 
     @field_validator("buckets")

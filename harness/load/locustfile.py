@@ -534,7 +534,7 @@ def _quit(environment) -> None:
 
 
 # ---------------------------------------------------------------- distributed load
-# (``load.workers``, issue 10: locust's own master/worker mode, all on loopback.)
+# (``load.workers``: locust's own master/worker mode, all on loopback.)
 # Each worker gets ``SPECCHAOS_WORKER_INDEX`` / ``SPECCHAOS_WORKER_COUNT``, its own records
 # file and its share of ``SPECCHAOS_MAX_REQUESTS`` (the shares sum to the run's bound), so
 # the bound holds across workers without any coordination per request. A worker that

@@ -265,6 +265,7 @@ def test_an_interrupted_pooled_run_closes_the_pool_and_prints_the_partial_table(
     assert saved["settings"]["pooled"] is True and saved["pool"] == {"starts": 0, "reuses": 0}
 
 
+@pytest.mark.nightly   # the nightly tier runs the pooled loop on the real stack (below)
 @pytest.mark.timeout(120)
 def test_pooled_repeats_share_one_started_stack_on_the_fake_vllm(tmp_path):
     """``--pooled`` end to end (the runner in the script's process, the fake vLLM under the

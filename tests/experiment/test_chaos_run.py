@@ -72,6 +72,7 @@ def test_the_control_accepts_every_experiment_file(tmp_path, monkeypatch, path):
     monkeypatch.chdir(ROOT)   # the files name models_dir relative to the working directory
     monkeypatch.setenv("SPECCHAOS_OUT", str(tmp_path / "out"))
     doc = load_experiment(str(path))
+    before = sess.peek()
     control.configure_control(configuration=load_configuration(doc.get("configuration") or {}), experiment=doc)
     why = gpu_only(path)
     if why is not None:   # for GPU hosts, on a host without one: refused in one line, nothing opened
@@ -79,7 +80,7 @@ def test_the_control_accepts_every_experiment_file(tmp_path, monkeypatch, path):
             f"configuration.specchaos.gpu.require: {why} (run it on a host with an NVIDIA GPU and its driver "
             f"(nvidia-smi lists it), or set gpu.require: false to have the GPU checks reported not judged)"), \
             control._refused
-        assert sess.peek() is None
+        assert sess.peek() is before   # no session opened by the refusal
         return
     try:
         assert control._refused is None, control._refused
@@ -178,6 +179,7 @@ def _fake_chaos_run(tmp: Path, monkeypatch, name: str, *chaos_args: str, **confi
     return res.exit_code, res.output, json.loads((tmp / f"{name}-journal.json").read_text()), out
 
 
+@pytest.mark.nightly   # plain chaos run: the failing and aborted runs below stay in make test; the real-stack pass is nightly
 @pytest.mark.timeout(240)
 def test_chaos_run_passes_with_exit_0_and_a_completed_journal(tmp_path, monkeypatch):
     before = sut_pids()

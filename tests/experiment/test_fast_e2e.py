@@ -18,6 +18,7 @@ def by_name(report: dict) -> dict:
     return {c["name"]: c for c in report["checks"]}
 
 
+@pytest.mark.nightly   # make test runs the same experiment on the real stack (tests/experiment/test_run_e2e.py)
 def test_kill_the_worker_passes_end_to_end(tmp_path):
     before = sut_pids()
     code, rep, seconds, out = run_fast(tmp_path)

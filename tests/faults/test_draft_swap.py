@@ -170,7 +170,7 @@ def test_evidence_cut_short_by_another_restart_uses_the_counters_from_zero(fake_
     new incarnation's counters started at 0, so that read alone is the measurement."""
     import faults.draft_swap as ds
 
-    srv = fake_server(model_dir=models / "target", ready=True,
+    srv = fake_server(model_dir=models / "target", ready=True, fake_args=["--step-delay-s", "0.005"],
                       speculative_config=speculative_config("draft_model", models / "draft-exact", 4))
     inj = make_injector(ServersStack(spec=srv))
     real_read = ds.read_metrics

@@ -147,12 +147,14 @@ def test_calibration_prompts_are_fixed():
     assert len(M.calibration_prompts()) == M.CALIBRATION_PROMPTS
 
 
+@pytest.mark.nightly   # make test builds the models from scratch in every fresh clone; the second build to compare, nightly
 def test_build_is_deterministic(built: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setattr(M, "_CALIBRATION_MEMO", {})   # measure again, do not reuse
     M.build_models(tmp_path, force=True)
     assert _tree(tmp_path) == _tree(built)
 
 
+@pytest.mark.nightly   # rebuilds and calibrates four drafts (about a minute on 2 cores)
 def test_a_manifest_of_the_three_model_version_is_rebuilt(built: Path, tmp_path: Path):
     import shutil
 
