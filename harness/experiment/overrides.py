@@ -39,7 +39,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel
@@ -236,6 +236,27 @@ def _step(tp: Any, part: str, at: str, ov: Override) -> Any:
                                       f"not {part!r}", where=ov.source)
             return typing.get_args(m)[0] if typing.get_args(m) else Any
     raise ExperimentError(f"{at} is a single value ({_describe(tp)}); it has no field {part!r}", where=ov.source)
+
+
+def known_fields(model: type[BaseModel], parts: Sequence[str]) -> list[str]:
+    """The field names of the model found at ``parts`` (a path of field names, list indices
+    and dict keys) inside ``model``; [] when that place is no model (or the path leads
+    nowhere). For the "did you mean" of an unknown field in a file."""
+    tp: Any = model
+    for part in parts:
+        nxt = None
+        for m in _members(tp):
+            if inspect.isclass(m) and issubclass(m, BaseModel) and part in m.model_fields:
+                nxt = m.model_fields[part].annotation
+                break
+            origin = typing.get_origin(m)
+            if origin in (dict, Mapping, list) and typing.get_args(m):
+                nxt = typing.get_args(m)[-1]
+                break
+        if nxt is None:
+            return []
+        tp = nxt
+    return [name for m in _members(tp) if inspect.isclass(m) and issubclass(m, BaseModel) for name in m.model_fields]
 
 
 def _check_path(ov: Override, model: type[BaseModel], root: str) -> list[str]:

@@ -34,7 +34,8 @@ from harness.experiment import actions, probes
 from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.overrides import CONFIG_VAR
-from harness.experiment.validate import ACTIONS_MODULE, CONTROL_MODULE, PROBES_MODULE
+from harness.experiment.validate import (ACTIVITY_KEYS, ACTIONS_MODULE, CONTROL_MODULE, EXPERIMENT_KEYS, HYPOTHESIS_KEYS,
+                                        PROBES_MODULE, PROVIDER_KEYS)
 from harness.report.json_report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from harness.report.schema import report_schema
 
@@ -109,10 +110,12 @@ def _activity(refs: dict[tuple[str, str], str]) -> dict[str, Any]:
         "type": "object",
         "description": "A Chaos Toolkit activity (action or probe).",
         "required": ["type", "name", "provider"],
+        "propertyNames": {"enum": sorted(ACTIVITY_KEYS)},   # a misspelt key is ignored by Chaos Toolkit
         "properties": {
             "type": {"enum": ["action", "probe"]},
             "name": {"type": "string", "minLength": 1},
-            "provider": {"type": "object", "required": ["type"], "properties": {
+            "provider": {"type": "object", "required": ["type"],
+                         "propertyNames": {"enum": sorted(set().union(*PROVIDER_KEYS.values()))}, "properties": {
                 "type": {"enum": ["python", "process", "http"]},
                 "module": {"type": "string"}, "func": {"type": "string"},
                 "arguments": {"type": "object"}}},
@@ -146,6 +149,7 @@ def _experiment_schema() -> dict[str, Any]:
                        "that `specchaos validate` uses; validate also checks models, ports and the host.",
         "type": "object",
         "required": ["title", "description", "method", "controls", "configuration"],
+        "propertyNames": {"enum": sorted(EXPERIMENT_KEYS)},
         "properties": {
             "version": {"type": "string"},
             "title": {"type": "string", "minLength": 1},
@@ -162,7 +166,8 @@ def _experiment_schema() -> dict[str, Any]:
                                  "type": ["string", "array", "object", "null"]}}},
             "controls": {"type": "array", "contains": control,
                          "description": f"Must declare the specchaos control (module {CONTROL_MODULE})."},
-            "steady-state-hypothesis": {"type": "object", "required": ["title"], "properties": {
+            "steady-state-hypothesis": {"type": "object", "required": ["title"],
+                                        "propertyNames": {"enum": sorted(HYPOTHESIS_KEYS)}, "properties": {
                 "title": {"type": "string"},
                 "probes": {"type": "array", "items": {"$ref": "#/$defs/activity_or_ref"}}}},
             "method": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/activity_or_ref"}},

@@ -125,6 +125,54 @@ def _activities(doc: dict[str, Any]) -> Iterator[tuple[str, dict]]:
         yield f"rollbacks[{i}]", a
 
 
+#: The keys Chaos Toolkit reads at each level of an experiment (its experiment format: the
+#: document, the steady-state hypothesis, an activity, a provider by type, a control). Chaos
+#: Toolkit ignores any other key, so a misspelt one (``argument:``, ``rollback:``) silently
+#: drops what it held: :func:`check_keys` refuses it instead.
+EXPERIMENT_KEYS = frozenset({"version", "title", "description", "tags", "contributions", "configuration", "secrets",
+                             "extensions", "controls", "steady-state-hypothesis", "method", "rollbacks", "runtime",
+                             "dry"})   # dry: chaos run --dry adds it to the document it hands the control
+HYPOTHESIS_KEYS = frozenset({"title", "probes", "controls", "extensions"})
+ACTIVITY_KEYS = frozenset({"type", "name", "provider", "tolerance", "ref", "background", "pauses", "controls",
+                           "configuration", "secrets", "extensions"})
+PROVIDER_KEYS = {"python": frozenset({"type", "module", "func", "arguments", "secrets"}),
+                 "process": frozenset({"type", "path", "arguments", "timeout", "secrets"}),
+                 "http": frozenset({"type", "url", "method", "headers", "arguments", "timeout", "expected_status",
+                                    "verify_tls", "max_retries", "secrets"})}
+CONTROL_KEYS = frozenset({"name", "provider", "scope", "automatic"})
+
+
+def _refuse_unknown(node: Any, known: frozenset[str], where: str) -> None:
+    if not isinstance(node, dict):
+        return
+    for key in node:
+        if str(key) not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+            raise ExperimentError(f"unknown key '{key}': Chaos Toolkit would ignore it and what it holds",
+                                  where=f"{where} {key}" if where.endswith(":") else f"{where}.{key}",
+                                  hint=(f"did you mean {near[0]}? " if near else "") + f"known: {', '.join(sorted(known))}")
+
+
+def check_keys(doc: dict[str, Any], where: str) -> None:
+    """Refuse a key Chaos Toolkit does not read (:data:`EXPERIMENT_KEYS` and the other sets):
+    at the top level, in the steady-state hypothesis, in every activity and its provider, in
+    every control. ``configuration`` and ``arguments`` are not walked: the specchaos block and
+    each activity's arguments are validated by their own models.
+
+    Raises:
+        ExperimentError: one line naming the key's path, the nearest known key and the known keys.
+    """
+    _refuse_unknown(doc, EXPERIMENT_KEYS, f"{where}:")
+    _refuse_unknown(doc.get("steady-state-hypothesis"), HYPOTHESIS_KEYS, f"{where}: steady-state-hypothesis")
+    for loc, activity in _activities(doc):
+        _refuse_unknown(activity, ACTIVITY_KEYS, f"{where}: {loc}")
+        provider = activity.get("provider") if isinstance(activity, dict) else None
+        if isinstance(provider, dict) and provider.get("type") in PROVIDER_KEYS:
+            _refuse_unknown(provider, PROVIDER_KEYS[provider["type"]], f"{where}: {loc}.provider")
+    for i, control in enumerate(doc.get("controls") or []):
+        _refuse_unknown(control, CONTROL_KEYS, f"{where}: controls[{i}]")
+
+
 def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str, str, Fault]]:
     """Every fault action of the experiment, validated: ``(location, kind, fault)``.
 
@@ -222,6 +270,7 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
     Raises:
         ExperimentError, ModelError, StackError: as :func:`load_experiment`.
     """
+    check_keys(doc, str(path))   # a misspelt key would be ignored by Chaos Toolkit: refused here
     faults = list(fault_activities(doc, where=str(path)))   # before Chaos Toolkit: errors name the field
     try:
         ensure_experiment_is_valid(doc)

@@ -344,7 +344,7 @@ def test_bad_speculation_memory_and_scrape_limits(tmp_path, no_new_processes, mo
 
 
 @pytest.mark.parametrize("profile, field, needle", [
-    ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst", "Extra inputs are not permitted"),
+    ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst", "unknown field 'burst' (did you mean burstiness?"),
     ({"kind": "open", "rate": 0}, "load.profile.rate", "greater than 0"),
     ({"kind": "open", "rate": -2}, "load.profile.rate", "greater than 0"),
     ({"kind": "open", "rate": 4, "burstiness": 0}, "load.profile.burstiness", "greater than 0"),
@@ -384,3 +384,29 @@ def test_max_model_len_longer_than_the_models_context(tmp_path, no_new_processes
     res = cli("validate", str(write(tmp_path, d)))
     assert_one_line_error(res, "configuration.specchaos.stack.max_model_len", "exceeds the target model's context",
                           "2048 tokens")
+
+
+@pytest.mark.parametrize("typo, needles", [
+    (("rollbacks:", "rollback:"), [": rollback: unknown key 'rollback'", "did you mean rollbacks?"]),
+    (("steady-state-hypothesis:", "steady-state-hypothesys:"),
+     [": steady-state-hypothesys: unknown key", "did you mean steady-state-hypothesis?"]),
+    (("arguments: {role: worker}", "argument: {role: worker}"),
+     ["method[0].provider.argument: unknown key 'argument'", "did you mean arguments?"]),
+    (("- type: action\n    name: kill-worker", "- type: action\n    nam: kill-worker"),
+     ["method[0].nam: unknown key 'nam'", "did you mean name?"]),
+], ids=["rollback", "hypothesis", "argument", "activity-name"])
+def test_a_key_chaos_toolkit_would_ignore_is_refused(tmp_path, no_new_processes, typo, needles):
+    """Chaos Toolkit ignores keys it does not read: a misspelt ``rollbacks``, hypothesis or
+    ``arguments`` would drop what it holds (a kill of the default role instead of the one
+    written). Refused at validate, one line naming the key and the nearest known one."""
+    text = (ROOT / "experiments" / "minimal.yaml").read_text()
+    assert typo[0] in text
+    res = cli("validate", str(write(tmp_path, text.replace(typo[0], typo[1], 1))))
+    assert_one_line_error(res, *needles)
+
+
+def test_a_misspelt_field_of_the_specchaos_block_names_the_known_ones(tmp_path, no_new_processes):
+    text = (ROOT / "experiments" / "minimal.yaml").read_text().replace("baseline_s: 20", "baselin_s: 20")
+    res = cli("validate", str(write(tmp_path, text)))
+    assert_one_line_error(res, "configuration.specchaos.phases.baselin_s: unknown field 'baselin_s'",
+                          "did you mean baseline_s?", "known: warmup_s, baseline_s")

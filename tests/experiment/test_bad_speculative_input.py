@@ -22,7 +22,7 @@ STACK = "configuration.specchaos.stack"
     ({"method": "ngram", "draft": None, "prompt_lookup_min": 0},
      [f"{STACK}.prompt_lookup_min", "greater than or equal to 1"]),
     ({"method": "ngram", "draft": None, "prompt_lookup_window": 3},
-     [f"{STACK}.prompt_lookup_window", "Extra inputs are not permitted"]),
+     [f"{STACK}.prompt_lookup_window", "unknown field 'prompt_lookup_window'"]),
     ({"method": "eagle3", "draft": None}, [f"{STACK}.draft", "method eagle3 needs a draft model"]),
 ], ids=["ngram-with-draft", "lookup-without-ngram", "lookup-min-above-max", "lookup-zero", "unknown-key",
         "eagle3-without-draft"])
