@@ -129,7 +129,7 @@ def test_the_default_profile_is_todays_closed_loop():
 
 
 @pytest.mark.parametrize("profile, needle", [
-    ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst: Extra inputs are not permitted"),
+    ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst: unknown field 'burst'"),
     ({"kind": "open", "rate": 0}, "load.profile.rate: Input should be greater than 0"),
     ({"kind": "open", "rate": -3}, "load.profile.rate: Input should be greater than 0"),
     ({"kind": "open"}, "load.profile: an open-loop profile needs rate"),
@@ -145,7 +145,7 @@ def test_the_default_profile_is_todays_closed_loop():
     ({"steps": [{"at_s": 5, "rate": 3}]}, "steps[0] of a closed-loop profile needs users"),
     ({"steps": [{"at_s": 5, "users": 3}, {"at_s": 5, "users": 4}]}, "steps[1].at_s 5 must be after"),
     ({"ramp": {"from_users": 1, "duration_s": 10}, "steps": [{"at_s": 5, "users": 3}]}, "steps[0].at_s 5 must be after"),
-    ({"steps": [{"at_s": 5, "users": 3, "spawn": 1}]}, "load.profile.steps.0.spawn: Extra inputs are not permitted"),
+    ({"steps": [{"at_s": 5, "users": 3, "spawn": 1}]}, "load.profile.steps.0.spawn: unknown field 'spawn'"),
 ])
 def test_bad_profiles(profile, needle):
     assert needle in error({"load": {"profile": profile}})
@@ -155,7 +155,7 @@ def test_bad_profiles(profile, needle):
     ({"max_retries": -1}, "load.retry.max_retries"),
     ({"jitter": "equal"}, "load.retry.jitter"),
     ({"initial_s": 2, "max_s": 1}, "load.retry: max_s 1 < initial_s 2"),
-    ({"tries": 3}, "load.retry.tries: Extra inputs are not permitted"),
+    ({"tries": 3}, "load.retry.tries: unknown field 'tries'"),
 ])
 def test_bad_retry_policies(retry, needle):
     assert needle in error({"load": {"retry": retry}})
