@@ -13,7 +13,6 @@ Durations are seconds (``*_s``), sizes GiB (``*_gib``).
 
 from __future__ import annotations
 
-import difflib
 from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -24,7 +23,7 @@ from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, Deg
                                    SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
-from harness.experiment.overrides import Override, known_fields, override_at
+from harness.experiment.overrides import Override, known_fields, override_at, unknown_field_hint
 from harness.load.config import LoadConfig
 from harness.report.config import PrometheusConfig
 from harness.stack.config import StackConfig
@@ -130,8 +129,6 @@ def parse_config(raw: dict | None, where: str = "configuration.specchaos",
         if kind == "extra_forbidden" and loc:   # a misspelt field: say which ones exist there
             *parent, name = loc.split(".")
             fields = known_fields(SpecchaosConfig, parent)
-            near = difflib.get_close_matches(name, fields, n=1)
             msg = f"unknown field {name!r}"
-            hint = "; ".join(h for h in ((f"did you mean {near[0]}? " if near else "") +
-                                         (f"known: {', '.join(fields)}" if fields else ""), hint) if h) or None
+            hint = "; ".join(h for h in (unknown_field_hint(name, fields) if fields else None, hint) if h) or None
         raise ExperimentError(msg, where=f"{where}.{loc}" if loc else where, hint=hint) from None

@@ -209,8 +209,22 @@ def _describe(tp: Any) -> str:
     return " | ".join(names) or "null"
 
 
-def _step(tp: Any, part: str, at: str, ov: Override) -> Any:
-    """The type at ``part`` inside a value of type ``tp`` (``at`` is its dotted location).
+def _fields(tp: Any) -> dict[str, Any]:
+    """Field name → annotation of the pydantic models among the alternatives of ``tp``."""
+    return {name: f.annotation for m in _members(tp) if inspect.isclass(m) and issubclass(m, BaseModel)
+            for name, f in m.model_fields.items()}
+
+
+def unknown_field_hint(name: str, fields: Iterable[str]) -> str:
+    """``did you mean X? known: a, b, ...`` for a field ``name`` that is none of ``fields``."""
+    fields = list(fields)
+    near = difflib.get_close_matches(name, fields, n=1)
+    return (f"did you mean {near[0]}? " if near else "") + f"known: {', '.join(fields)}"
+
+
+def _step(tp: Any, part: str, at: str, where: str) -> Any:
+    """The type at ``part`` inside a value of type ``tp`` (``at`` is its dotted location,
+    ``where`` what an error names).
 
     Raises:
         ExperimentError: ``tp`` has no such field, index or key.
@@ -218,14 +232,11 @@ def _step(tp: Any, part: str, at: str, ov: Override) -> Any:
     members = _members(tp)
     if any(m is Any for m in members):
         return Any
-    models = [m for m in members if inspect.isclass(m) and issubclass(m, BaseModel)]
-    if models:
-        fields = {name: f for m in models for name, f in m.model_fields.items()}
+    fields = _fields(tp)
+    if fields:
         if part in fields:
-            return fields[part].annotation
-        near = difflib.get_close_matches(part, list(fields), n=1)
-        raise ExperimentError(f"unknown field {part!r} in {at}", where=ov.source,
-                              hint=(f"did you mean {near[0]}? " if near else "") + f"known: {', '.join(fields)}")
+            return fields[part]
+        raise ExperimentError(f"unknown field {part!r} in {at}", where=where, hint=unknown_field_hint(part, fields))
     for m in members:
         origin = typing.get_origin(m)
         if origin in (dict, Mapping):
@@ -233,30 +244,23 @@ def _step(tp: Any, part: str, at: str, ov: Override) -> Any:
         if origin is list:
             if not part.isdigit():
                 raise ExperimentError(f"{at} is a list: the next part of the path is an index (0, 1, ...), "
-                                      f"not {part!r}", where=ov.source)
+                                      f"not {part!r}", where=where)
             return typing.get_args(m)[0] if typing.get_args(m) else Any
-    raise ExperimentError(f"{at} is a single value ({_describe(tp)}); it has no field {part!r}", where=ov.source)
+    raise ExperimentError(f"{at} is a single value ({_describe(tp)}); it has no field {part!r}", where=where)
 
 
 def known_fields(model: type[BaseModel], parts: Sequence[str]) -> list[str]:
     """The field names of the model found at ``parts`` (a path of field names, list indices
-    and dict keys) inside ``model``; [] when that place is no model (or the path leads
-    nowhere). For the "did you mean" of an unknown field in a file."""
+    and dict keys) inside ``model``, walked as overrides are (:func:`_step`); [] when that
+    place is no model or the path leads nowhere. For the "did you mean" of an unknown field
+    in a file."""
     tp: Any = model
     for part in parts:
-        nxt = None
-        for m in _members(tp):
-            if inspect.isclass(m) and issubclass(m, BaseModel) and part in m.model_fields:
-                nxt = m.model_fields[part].annotation
-                break
-            origin = typing.get_origin(m)
-            if origin in (dict, Mapping, list) and typing.get_args(m):
-                nxt = typing.get_args(m)[-1]
-                break
-        if nxt is None:
+        try:
+            tp = _step(tp, part, "", "")
+        except ExperimentError:
             return []
-        tp = nxt
-    return [name for m in _members(tp) if inspect.isclass(m) and issubclass(m, BaseModel) for name in m.model_fields]
+    return list(_fields(tp))
 
 
 def _check_path(ov: Override, model: type[BaseModel], root: str) -> list[str]:
@@ -268,7 +272,7 @@ def _check_path(ov: Override, model: type[BaseModel], root: str) -> list[str]:
     for part in parts:
         if tp is Any:
             break
-        tp = _step(tp, part, at, ov)
+        tp = _step(tp, part, at, ov.source)
         at = f"{at}.{part}"
     return parts
 

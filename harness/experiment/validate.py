@@ -39,7 +39,8 @@ from harness.errors import ExperimentError, SpecchaosError, first_error
 from harness.experiment import actions
 from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig, parse_config
-from harness.experiment.overrides import CONFIG_VAR, Override, apply_overrides, config_var_overrides
+from harness.experiment.overrides import (CONFIG_VAR, Override, apply_overrides, config_var_overrides,
+                                         unknown_field_hint)
 from harness.metrics.phases import PHASES
 from harness.stack.preflight import check_stack
 
@@ -147,10 +148,9 @@ def _refuse_unknown(node: Any, known: frozenset[str], where: str) -> None:
         return
     for key in node:
         if str(key) not in known:
-            near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
             raise ExperimentError(f"unknown key '{key}': Chaos Toolkit would ignore it and what it holds",
                                   where=f"{where} {key}" if where.endswith(":") else f"{where}.{key}",
-                                  hint=(f"did you mean {near[0]}? " if near else "") + f"known: {', '.join(sorted(known))}")
+                                  hint=unknown_field_hint(str(key), sorted(known)))
 
 
 def check_keys(doc: dict[str, Any], where: str) -> None:
