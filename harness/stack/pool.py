@@ -106,9 +106,6 @@ class _Pooled:
     busy: bool = True
     clean: bool = True
     uses: int = 1
-    #: a server was left on other speculative settings than it was started with: restored at
-    #: the next acquire (not at release: a stack nobody borrows again is stopped as it is)
-    restore_pending: bool = False
     log_offsets: dict[str, tuple[Path, int]] = field(default_factory=dict)
 
 
@@ -135,8 +132,8 @@ class StackPool:
         key = stack_key(cfg)
         with self._lock:
             for p in [p for p in self._pooled if p.key == key and not p.busy]:
-                restored = p.restore_pending
-                why = self._restore_pending(p) or self._unfit(p)
+                restored = bool(_off_configured(p.stack))   # left so by its last run: restored now
+                why = (self._restore_settings(p) if restored else None) or self._unfit(p)
                 if why is None:
                     p.busy, p.uses = True, p.uses + 1
                     self.reuses += 1
@@ -185,8 +182,7 @@ class StackPool:
                 log.info("stopping the stack %s: %s", p.stack_dir.name, why)
                 self._stop(p)
                 return
-            p.restore_pending = _unfit_state(p.stack) is not None
-            if p.restore_pending and not _restorable(p.stack):
+            if not all(hasattr(server, "respeculate") for _, server in _off_configured(p.stack)):
                 log.info("stopping the stack %s: a server left on other speculative settings cannot restart "
                          "on its configured ones", p.stack_dir.name)
                 self._stop(p)
@@ -243,13 +239,10 @@ class StackPool:
             with contextlib.suppress(ValueError):
                 self._pooled.remove(p)
 
-    def _restore_pending(self, p: _Pooled) -> str | None:
-        """Restore the speculative settings a server of ``p`` was left on (:func:`_restore`)
-        and wait for it (:func:`_settle`), when its last run left them changed. None, or why
-        that failed (the stack is then replaced)."""
-        if not p.restore_pending:
-            return None
-        p.restore_pending = False
+    def _restore_settings(self, p: _Pooled) -> str | None:
+        """Restore the speculative settings its last run left a server of ``p`` on
+        (:func:`_restore`) and wait for it (:func:`_settle`). None, or why that failed (the
+        stack is then replaced)."""
         why = _restore(p.stack) or _settle(p.stack)
         if why is None:
             _sync_state(p)
@@ -275,10 +268,10 @@ def _restore(stack: Any) -> str | None:
     its configured ones (:meth:`LocalServer.respeculate`: one server's restart, cheaper than a
     fresh stack); :func:`_settle` then waits for it. None, or why it could not be asked (the
     stack is then not kept)."""
-    for name, server in stack.servers.items():
-        configured = getattr(server, "configured_speculative", None)
-        if configured is None or server.speculative == configured or not hasattr(server, "respeculate"):
+    for name, server in _off_configured(stack):
+        if not hasattr(server, "respeculate"):
             continue
+        configured = server.configured_speculative
         log.info("server %s runs %s: restoring %s for the next run", name, server.speculative, configured)
         try:
             server.respeculate(configured.get("method"), configured.get("draft"),
@@ -289,11 +282,11 @@ def _restore(stack: Any) -> str | None:
     return None
 
 
-def _restorable(stack: Any) -> bool:
-    """Every server left on other speculative settings than it was started with can be asked
-    back onto them (it has ``respeculate``)."""
-    return all(hasattr(server, "respeculate") for server in stack.servers.values()
-               if getattr(server, "configured_speculative", None) not in (None, server.speculative))
+def _off_configured(stack: Any) -> list[tuple[str, Any]]:
+    """``(name, server)`` of every server that runs other speculative settings than it was
+    started with (``configured_speculative``; servers without it are taken as they are)."""
+    return [(name, server) for name, server in stack.servers.items()
+            if getattr(server, "configured_speculative", None) not in (None, server.speculative)]
 
 
 #: Seconds between two looks at a server that is settling (:func:`_settle`).
@@ -326,11 +319,12 @@ def _unfit_state(stack: Any, speculative: bool = True) -> str | None:
     settings than it was started with — only when ``speculative`` —, a fault's environment,
     a server not up), or None; no request is sent. A supervised restart alone does not make
     it unfit: the restarted server runs them."""
+    off = _off_configured(stack) if speculative else []
+    if off:
+        name, server = off[0]
+        return (f"server {name} runs other speculative settings than it was started with "
+                f"({server.speculative}, incarnation {server.incarnation})")
     for name, server in stack.servers.items():
-        configured = getattr(server, "configured_speculative", None)
-        if speculative and configured is not None and server.speculative != configured:
-            return (f"server {name} runs other speculative settings than it was started with "
-                    f"({server.speculative}, incarnation {server.incarnation})")
         if getattr(server, "incarnation_env", None):
             return (f"server {name} runs with a fault's environment ({', '.join(sorted(server.incarnation_env))}, "
                     f"incarnation {server.incarnation})")
