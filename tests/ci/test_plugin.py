@@ -17,7 +17,7 @@ import yaml
 
 from harness.pytest_plugin import (MARKERS, failure_message, gate_exit_code, markers_of, outcome_of,
                                    verdict_table)
-from tests.ci.helpers import PLUGIN, ROOT, SHORT, env, pytest_plugin
+from tests.ci.helpers import PLUGIN, ROOT, SHORT, collect_many, env, pytest_plugin
 from tests.experiment.fast_e2e import fast_experiment
 from tests.procs import wait_for
 
@@ -73,39 +73,42 @@ def test_verdict_table_is_compact():
     assert len({line.index(" pass") if " pass" in line else line.index(" fail") for line in lines[1:]}) == 1
 
 
+def _items(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "::" in line]
+
+
 def _collected(proc) -> list[str]:
-    return [line for line in proc.stdout.splitlines() if "::" in line]
+    return _items(proc.stdout)
 
 
 def test_collects_one_item_per_experiment_with_markers_from_tags():
-    proc = pytest_plugin("--collect-only", "-q", "experiments/")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    items = _collected(proc)
+    (rc, out), (_, gate_out), (_, slow_out), (_, chaos_out) = collect_many(
+        ["experiments/"], ["-m", "gate", "experiments/"], ["-m", "slow", "experiments/"], ["-m", "chaos", "experiments/"])
+    assert rc == 0, out
+    items = _items(out)
     files = sorted(ROOT.glob("experiments/**/*.yaml"))   # the shipped ones and selftest/; nothing started
     assert sorted(i.split("::")[0] for i in items) == [str(f.relative_to(ROOT)) for f in files], items
     assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items
-    gate = _collected(pytest_plugin("--collect-only", "-q", "-m", "gate", "experiments/"))
-    assert sorted(i.split("::")[0] for i in gate) == [
+    assert sorted(i.split("::")[0] for i in _items(gate_out)) == [
         "experiments/client-abort.yaml", "experiments/kill-draft-worker.yaml", "experiments/network-jitter.yaml"]
-    slow = _collected(pytest_plugin("--collect-only", "-q", "-m", "slow", "experiments/"))
-    assert sorted(i.split("::")[0] for i in slow) == [
+    assert sorted(i.split("::")[0] for i in _items(slow_out)) == [
         "experiments/bad-draft-fallback.yaml", "experiments/memory-pressure.yaml"]
     tagged = [f for f in files if "chaos" in (yaml.safe_load(f.read_text()).get("tags") or [])]
-    assert len(_collected(pytest_plugin("--collect-only", "-q", "-m", "chaos", "experiments/"))) == len(tagged)
+    assert len(_items(chaos_out)) == len(tagged)
 
 
 def test_glob_option_collects_and_plain_testpaths_never_do():
-    proc = pytest_plugin("--collect-only", "-q", "--specchaos-experiments", "experiments/kill-*.yaml",
-                         "tests/ci/test_plugin.py::test_tags_to_markers")
-    items = _collected(proc)
-    assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items, proc.stdout
+    (_, out), (_, walked_out), (_, named_out) = collect_many(
+        ["--specchaos-experiments", "experiments/kill-*.yaml", "tests/ci/test_plugin.py::test_tags_to_markers"],
+        ["tests/ci/"], [str(SHORT.relative_to(SHORT.parents[3]))])
+    items = _items(out)
+    assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items, out
     assert len(items) == 2
     # the fixture experiments under tests/ci/experiments are not collected by walking tests/ci
-    walked = _collected(pytest_plugin("--collect-only", "-q", "tests/ci/"))
+    walked = _items(walked_out)
     assert walked and not any(".yaml" in i for i in walked)
     # named explicitly, a fixture experiment is collected
-    named = _collected(pytest_plugin("--collect-only", "-q", str(SHORT.relative_to(SHORT.parents[3]))))
-    assert named == ["tests/ci/experiments/short-freeze.yaml::Short freeze of the engine (test fixture)"]
+    assert _items(named_out) == ["tests/ci/experiments/short-freeze.yaml::Short freeze of the engine (test fixture)"]
 
 
 def test_a_named_yaml_file_that_is_no_experiment_is_one_line():

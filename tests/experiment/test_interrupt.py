@@ -27,7 +27,9 @@ def cli(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+# make test sends each signal once over these two tests (SIGINT here, SIGTERM below); the nightly tier both to both
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.nightly)],
+                         ids=["SIGINT", "SIGTERM"])
 def test_signal_mid_run_tears_down_and_writes_partial_report(tmp_path, sig):
     out = tmp_path / "out"
     exp = fast_experiment(tmp_path, "interrupted", phases={"baseline_s": 60})
@@ -57,7 +59,8 @@ def test_signal_mid_run_tears_down_and_writes_partial_report(tmp_path, sig):
         assert (rep2["verdict"], rep2["errors"], rep2["experiment"]) == (rep["verdict"], rep["errors"], rep["experiment"])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.nightly), signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
 def test_a_signal_ends_overlapping_faults_at_once(tmp_path, sig):
     """A memory hog in the background (60 s) and a foreground freeze (60 s): a signal 2 s
     into the fault phase must end both faults and the run within seconds, not when the

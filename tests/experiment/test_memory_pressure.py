@@ -98,7 +98,7 @@ def test_memory_pressure_experiment_on_the_real_stack(tmp_path):
     d = ci_form(memory_doc())
     d["configuration"]["specchaos"]["stack"]["reference"] = False
     d["configuration"]["specchaos"]["integrity"]["min_compared"] = 0
-    d["method"][0]["provider"]["arguments"] = {"size_gib": 4, "duration_s": 15}   # fills in seconds, not a minute
+    d["method"][0]["provider"]["arguments"] = {"size_gib": 4, "duration_s": 8}   # fills in seconds, not a minute
     d["method"][1]["provider"]["arguments"]["duration_s"] = 8
     # the CI form leaves out the kill under pressure (a restart, ~35 s): the kill acts in the
     # shared-stack experiments, the full experiment in the nightly tier's verdict-stability runs

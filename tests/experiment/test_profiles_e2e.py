@@ -23,11 +23,11 @@ RATE = 16.0
 
 def test_open_loop_kill_and_retries_end_to_end(tmp_path):
     code, rep, seconds, out = run_fast(
-        tmp_path, "open", load={"profile": {"kind": "open", "rate": RATE}, "seed": 21, "max_tokens": 160, "ignore_eos": True,
+        tmp_path, "open", load={"profile": {"kind": "open", "rate": RATE}, "seed": 21, "max_tokens": 80, "ignore_eos": True,
                                 "retry": {"max_retries": 3, "initial_s": 0.2, "max_s": 1.0}})
     print(f"open-loop fast run: {seconds:.1f} s, verdict {rep['verdict']}")
     failed = [(c["name"], c["detail"]) for c in rep["checks"] if not c["passed"]]
-    # 160 tokens (no EOS) take the fake ~0.5 s (32 steps of 15 ms; 48 tokens took 0.15 s: one
+    # 80 tokens (no EOS) take the fake ~0.5 s (16 steps of 30 ms; 0.15 s requests left: one
     # request in flight on average, none at the kill a third of the time, which fail_fast
     # rightly cannot judge)
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)

@@ -203,6 +203,7 @@ def test_metrics_scraped_across_the_restart(default_run):
         assert checks[name]["passed"], checks[name]
 
 
+@pytest.mark.nightly   # make test: the same browser check on a judged run (tests/report/test_allure_report.py)
 def test_allure_results_html_report_and_browser_check(default_run):
     """The run's Allure result (also in the --allure-dir directory) holds the phases, the
     method, the attachments and a real PNG plot; the HTML report generated from it with

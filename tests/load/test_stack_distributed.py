@@ -31,6 +31,7 @@ def success_by_reason(base_url: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.nightly   # make test runs two workers end to end on the fake (tests/load/test_distributed_load.py)
 def test_two_workers_count_what_vllm_counted(real_stack, tmp_path):
     spec = real_stack.stack.servers["spec"]
     prompts = build_prompt_set(ROOT / "models" / "target", seed=7, short=4, medium=2, long=1, max_tokens=16)

@@ -66,6 +66,7 @@ def test_fetch_reference_is_greedy_and_complete(vllm_server, prompts):
     assert all(again[i].token_ids == refs[i].token_ids for i in again)  # greedy: same output
 
 
+@pytest.mark.nightly   # in make test every real-stack experiment runs a real locust process against vLLM
 def test_locust_process_against_real_server(vllm_server, prompts, tmp_path):
     base_url, model = vllm_server
     save_prompt_set(tmp_path / "prompts.json", prompts)

@@ -55,6 +55,7 @@ def every_group_answered(path: Path, since: float) -> bool:
                 for srv in ("spec", "ref")) and min(per_server.values()) >= MIN_REQUESTS)
 
 
+@pytest.mark.nightly   # make test runs mirror mode end to end on the fake (tests/experiment/test_mirror_e2e.py)
 def test_mirror_on_the_real_stack(real_stack, tmp_path):
     spec, ref = real_stack.stack.servers["spec"], real_stack.stack.servers["ref"]
     prompts = build_prompt_set(MODELS / "target", seed=99, short=4, medium=2, long=2, max_tokens=32)

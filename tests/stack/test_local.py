@@ -91,6 +91,7 @@ def test_ready_means_generation(real_stack):
     assert st.launcher == "local" and st.vllm_version != "unknown"
 
 
+@pytest.mark.nightly   # make test: tests/property/test_stack_properties.py (greedy equality on random requests)
 def test_greedy_spec_equals_reference(real_stack):
     """The tiny models make exact greedy equality a usable integrity check."""
     spec, ref = real_stack.stack.servers["spec"], real_stack.stack.servers["ref"]
