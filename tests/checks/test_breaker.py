@@ -39,8 +39,9 @@ def trip(t: float = 1002.5, inc: int = 2) -> dict:
               limit=0.3, window_s=2.0, draft_tokens=200, old={}, new={"method": None}, incarnation=inc)
 
 
-def ready(t: float, inc: int = 2) -> dict:
-    return ev(t, "server_ready", source="stack", server="spec", pid=1, incarnation=inc)
+def ready(t: float, inc: int = 2, startup_s: float | None = None) -> dict:
+    extra = {} if startup_s is None else {"startup_s": startup_s}
+    return ev(t, "server_ready", source="stack", server="spec", pid=1, incarnation=inc, **extra)
 
 
 def judged(tmp_path, events, records, lines=LINES, config=None):
@@ -71,6 +72,50 @@ def test_the_limit_is_configurable(tmp_path):
     recs = [make_record(send_time=1050.0)]
     checks, _ = judged(tmp_path, [trip(1040.0), ready(1045.0)], recs, config=cfg(max_s=60))
     assert checks["breaker.fallback_s"].passed and checks["breaker.fallback_s"].limit == 60
+
+
+#: the draft swap's restart (incarnation 1, ready at 999 after a 40 s start-up), then the trip
+#: at 1002.5 and the plain server (incarnation 2) ready 50 s later after its own 49.5 s start-up
+SWAP = ready(999.0, inc=1, startup_s=40.0)
+
+
+def test_a_slow_host_start_up_left_out_passes_on_the_breakers_part(tmp_path):
+    recs = [make_record(send_time=1052.4)]
+    events = [SWAP, trip(), ready(1052.5, startup_s=49.5)]
+    included, _ = judged(tmp_path, events, recs)
+    assert not included["breaker.fallback_s"].passed and "breaker.fallback_startup_ratio" not in included
+    checks, sec = judged(tmp_path, events, recs, config=cfg(startup="excluded"))
+    fb, ratio = checks["breaker.fallback_s"], checks["breaker.fallback_startup_ratio"]
+    # breach 1002 -> first response ends 1052.651: 50.651 s, of which 49.5 s start-up
+    assert fb.passed and fb.observed == pytest.approx(1.151, abs=1e-3) and "start-up (49.5 s) left out" in fb.detail
+    assert ratio.passed and ratio.observed == pytest.approx(49.5 / 40.0, abs=1e-3) and ratio.limit == 2.0
+    assert sec["plain_startup_s"] == 49.5 and sec["earlier_startups_s"] == [40.0]
+
+
+def test_with_the_start_up_left_out_a_late_trip_still_fails(tmp_path):
+    recs = [make_record(send_time=1090.0)]
+    checks, _ = judged(tmp_path, [SWAP, trip(1040.0), ready(1090.0, startup_s=45.0)], recs,
+                       config=cfg(startup="excluded"))
+    fb = checks["breaker.fallback_s"]
+    assert not fb.passed and fb.observed == pytest.approx(88.251 - 45.0, abs=1e-3)
+
+
+def test_a_start_up_far_slower_than_the_servers_own_fails_the_ratio(tmp_path):
+    recs = [make_record(send_time=1110.0)]
+    checks, _ = judged(tmp_path, [SWAP, trip(), ready(1110.0, startup_s=105.0)], recs,
+                       config=cfg(startup="excluded", max_startup_ratio=2.0))
+    ratio = checks["breaker.fallback_startup_ratio"]
+    assert checks["breaker.fallback_s"].passed
+    assert ratio.passed is False and ratio.observed == pytest.approx(105.0 / 40.0, abs=1e-3)
+
+
+def test_the_ratio_is_not_judged_without_an_earlier_start_up_or_a_plain_server(tmp_path):
+    recs = [make_record(send_time=1030.0)]
+    checks, _ = judged(tmp_path, [trip(), ready(1030.0, startup_s=27.0)], recs, config=cfg(startup="excluded"))
+    ratio = checks["breaker.fallback_startup_ratio"]
+    assert ratio.passed is None and "no earlier start-up of spec" in ratio.detail
+    checks, _ = judged(tmp_path, [SWAP, trip()], recs, config=cfg(startup="excluded"))
+    assert checks["breaker.fallback_startup_ratio"].passed is None and checks["breaker.fallback_s"].passed is False
 
 
 def test_a_breach_without_a_trip_fails_both(tmp_path):

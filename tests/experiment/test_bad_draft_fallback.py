@@ -114,6 +114,8 @@ def test_bad_draft_fallback_on_the_real_stack(tmp_path, specchaos_pool):
                                                       "first_plain_success_at", "fallback_s")})
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
     assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["passed"]
+    # the plain server's start-up judged against the swap's restart in the same run
+    assert checks["breaker.fallback_startup_ratio"]["passed"] is True, checks["breaker.fallback_startup_ratio"]
     assert rep["breaker"]["hard_trip"]["new"]["method"] is None
     assert leaked_since(before, pool=specchaos_pool) == []
 
