@@ -139,8 +139,10 @@ def test_a_kill_that_forbids_errors_is_aborted(tmp_path):
 @pytest.fixture(scope="module")
 def healthy_kill(tmp_path_factory):
     """One fast run of the worker kill with a safeguard scoped to the ``after`` phase (the
-    kill's own errors are expected; none after it)."""
-    return run_fast(tmp_path_factory.mktemp("quiet"), "quiet", safeguards=[dict(ERRORS_FORBIDDEN, phases=["after"])])
+    kill's own errors are expected; none after it). The fake's engine step is 10 ms here
+    (``fake-quick``): a one-token probe must take well under the 100 ms resolution judged below."""
+    return run_fast(tmp_path_factory.mktemp("quiet"), "quiet", safeguards=[dict(ERRORS_FORBIDDEN, phases=["after"])],
+                    stack={"launcher": "fake-quick"})
 
 
 @pytest.mark.timeout(180)

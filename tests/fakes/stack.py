@@ -16,7 +16,7 @@ from harness.stack.launchers import register_launcher
 from harness.stack.local import LocalServer, LocalStack
 from tests.fakes.launch import FakeServer
 
-__all__ = ["FakeStack", "MismatchFakeStack", "register_fake_launchers", "FAKE_LAUNCHERS"]
+__all__ = ["FakeStack", "MismatchFakeStack", "QuickFakeStack", "register_fake_launchers", "FAKE_LAUNCHERS"]
 
 
 class FakeStack(LocalStack):
@@ -39,7 +39,16 @@ class MismatchFakeStack(FakeStack):
     fake_args: ClassVar[dict[str, list[str]]] = {"spec": ["--mismatch"]}
 
 
-FAKE_LAUNCHERS = {cls.launcher: cls for cls in (FakeStack, MismatchFakeStack)}
+class QuickFakeStack(FakeStack):
+    """Both servers with a 10 ms engine step instead of the fake's default (launcher
+    ``fake-quick``): for tests that time something finer than a default step, e.g. recovery
+    instants resolved to 100 ms by one-token probes every 50 ms."""
+
+    launcher = "fake-quick"
+    fake_args: ClassVar[dict[str, list[str]]] = {name: ["--step-delay-s", "0.01"] for name in ("spec", "ref")}
+
+
+FAKE_LAUNCHERS = {cls.launcher: cls for cls in (FakeStack, MismatchFakeStack, QuickFakeStack)}
 
 
 def register_fake_launchers() -> None:
