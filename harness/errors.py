@@ -51,6 +51,11 @@ class LoadError(SpecchaosError):
     """The load generator (locust) could not be started or died."""
 
 
+class SourceError(SpecchaosError):
+    """A traffic source (a file of requests, conversations or a timed trace) is unreadable or
+    malformed; ``where`` is ``FILE:LINE`` (1-based) of the first bad line, or ``FILE``."""
+
+
 class FaultError(SpecchaosError):
     """A fault could not be injected, or left no evidence that it acted."""
 
