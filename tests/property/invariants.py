@@ -36,12 +36,16 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+from harness.checks import request_classes
 from harness.checks.integrity import divergence_index
+# one definition of the stop and text rules, shared with the harness's per-class judge
+from harness.checks.request_classes import LOGPROB_ATOL, Response, first_stop, ids_text, stops_of
 from tests.property.wire import Completion
 
-#: How far a speculative logprob may be from the reference's (nats): the verification
-#: pass scores k+1 positions at once, so float32 sums may round differently.
-LOGPROB_ATOL = 1e-3
+__all__ = ["LOGPROB_ATOL", "GREEDY_SLACK", "failed", "first_stop", "ids_text", "length_problems", "logprobs_problems",
+           "response_problems", "same_output", "settled_problems", "stop_problems", "stopped_early_problems",
+           "stops_of", "text_problems", "usage_problems"]
+
 #: Slack for "the greedy token has the top logprob" (nats).
 GREEDY_SLACK = 1e-5
 
@@ -110,61 +114,24 @@ def length_problems(c: Completion, eos_id: int | None = None) -> list[str]:
     return out
 
 
-def stops_of(body: dict[str, Any]) -> list[str]:
-    """The request's stop strings (``stop`` is a string, a list, or absent)."""
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
+def _response(c: Completion) -> Response:
+    """The harness's view of a completion (:class:`harness.checks.request_classes.Response`)."""
+    return Response(request_id=c.url, body=c.body, text=c.text, token_ids=c.token_ids or [],
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason)
 
 
 def stop_problems(c: Completion, decode: Decode) -> list[str]:
-    """Nothing after a stop string, and the finish reason says so (module doc).
-
-    The text contains none of the stop strings anywhere; a finish by a stop string
-    names one of the request's strings and the token ids' text is ``text + that
-    string + (the rest of the last token(s))``; a ``"length"`` finish or an EOS stop
-    means no stop string was met (``decode``: token ids → text, special tokens skipped)."""
-    out = []
-    stops = stops_of(c.body)
-    for s in stops:
-        if s and s in c.text:
-            at = c.text.index(s)
-            out.append(f"stop string {s!r} appears in the text at char {at}: {c.text[max(0, at - 20):at + 40]!r}")
-    if c.finish_reason == "stop" and isinstance(c.stop_reason, str):
-        if c.stop_reason not in stops:
-            out.append(f"stop_reason {c.stop_reason!r} is not one of the request's stop strings {stops!r}")
-        full = decode(c.token_ids or [])
-        if not full.startswith(c.text + c.stop_reason):
-            out.append(f"the token ids' text {full!r} does not start with text + stop string "
-                       f"{c.text + c.stop_reason!r}")
-    elif stops and c.finish_reason in ("length", "stop"):
-        full = decode(c.token_ids or [])
-        met = [s for s in stops if s and s in full]
-        if met:
-            out.append(f"finish_reason {c.finish_reason!r} (stop_reason {c.stop_reason!r}) although the output's "
-                       f"text contains stop string(s) {met!r}")
-    return out
-
-
-def ids_text(ids: Sequence[int], decode: Decode) -> str:
-    """The text vLLM delivers for output token ids ``ids``: ``decode(ids)`` without
-    trailing U+FFFD (an incomplete UTF-8 sequence the incremental detokenizer holds
-    back; module doc)."""
-    return decode(ids).rstrip("\ufffd")
+    """Nothing after a stop string, and the finish reason says so (module doc;
+    :func:`harness.checks.request_classes.stop_problems`, ``decode``: token ids → text,
+    special tokens skipped)."""
+    return request_classes.stop_problems(_response(c), decode)
 
 
 def text_problems(c: Completion, decode: Decode) -> list[str]:
     """The delivered text (streamed: the chunks' texts joined) is the text of the
-    delivered token ids (:func:`ids_text`), unless a stop string cut it (then :func:`stop_problems` judges)."""
-    if c.finish_reason == "stop" and isinstance(c.stop_reason, str):
-        return []
-    full = ids_text(c.token_ids or [], decode)
-    if full == c.text:
-        return []
-    i = divergence_index(c.text, full)
-    return [f"text differs from the token ids' text at char {i}: got {c.text[i:i + 30]!r}, "
-            f"token ids give {full[i:i + 30]!r} ({len(c.text)} vs {len(full)} chars)"]
+    delivered token ids (:func:`ids_text`), unless a stop string cut it (then
+    :func:`stop_problems` judges); :func:`harness.checks.request_classes.text_problems`."""
+    return request_classes.text_problems(_response(c), decode)
 
 
 def logprobs_problems(c: Completion) -> list[str]:
@@ -245,20 +212,6 @@ def same_output(got: Completion, expected: Completion, what: str = "reference") 
                 out.append(f"token_logprobs[{n}] {x}, {what} {y} (tolerance {LOGPROB_ATOL})")
                 break
     return out
-
-
-def first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
-    """``(index, stop string)`` of the stop string that *completes* earliest in ``text``
-    (ties: the first in ``stops``), or None when none occurs. This is vLLM's rule
-    (``vllm.v1.engine.detokenizer.check_stop_strings``, 0.32), chosen so that several
-    tokens appended in one step (speculative decoding) stop where appending them one at
-    a time would."""
-    best: tuple[int, int, str] | None = None
-    for s in stops:
-        i = text.find(s) if s else -1
-        if i >= 0 and (best is None or i + len(s) < best[0]):
-            best = (i + len(s), i, s)
-    return None if best is None else (best[1], best[2])
 
 
 def stopped_early_problems(stopped: Completion, unstopped: Completion) -> list[str]:
