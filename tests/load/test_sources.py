@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness.errors import SourceError
 from harness.load.config import LoadConfig
@@ -303,3 +305,27 @@ def test_load_source_reads_measures_checks_and_buckets(tmp_path):
         load_source("mooncake", t, tokenizer_dir=TARGET, max_model_len=512, default_max_tokens=16,
                     buckets=LoadConfig().bucket_specs())
     assert one_line(ei).startswith(f"{t}:1: prompt of 600 tokens plus max_tokens 4 exceeds max_model_len 512")
+
+
+# ------------------------------------------------------------------------- properties
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=5))
+_EXTRA = st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in ("prompt", "messages", "n",
+                                                                                      "max_tokens", "url", "body")),
+                         st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3)), max_size=4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=5), extra=_EXTRA,
+       blank=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_any_body_round_trips_less_the_harnesss_fields(tmp_path, prompts, extra, blank):
+    lines: list = []
+    for i, text in enumerate(prompts):
+        if blank[i]:
+            lines.append("")
+        lines.append({"prompt": text, **extra})
+    p = write(tmp_path, "req.jsonl", lines)
+    specs = read_openai_requests(p)
+    want = {k: v for k, v in extra.items() if k not in HARNESS_FIELDS}
+    assert [s.body for s in specs] == [{"prompt": t, **want} for t in prompts]
+    numbers = [n for n, line in enumerate(lines, 1) if line != ""]
+    assert [s.origin for s in specs] == [f"{p}:{n}" for n in numbers]
