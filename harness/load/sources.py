@@ -39,6 +39,7 @@ buckets of :mod:`harness.load.prompts`, by measured length); :func:`load_source`
 
 The harness owns ``model``, ``stream`` and ``stream_options`` (it names the served model
 and always streams with usage): a reader drops them from the body (:data:`HARNESS_FIELDS`).
+What a body may hold for its endpoint is :mod:`harness.load.endpoints`'s.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ModelError, SourceError, first_error
+from harness.load.endpoints import ENDPOINTS, HARNESS_FIELDS, Endpoint, body_problem, endpoint_of, passed_through
 from harness.load.prompts import load_token_counter
 
 __all__ = [
@@ -77,14 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Endpoint = Literal["completions", "chat"]
-
-#: URL path of each endpoint (the OpenAI API as vLLM serves it).
-ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-
-#: Body fields the harness sets itself; a reader drops them from a source's bodies.
-HARNESS_FIELDS = ("model", "stream", "stream_options")
 
 #: Tokens per hash id in the Mooncake trace format (its traces' block size).
 MOONCAKE_BLOCK_TOKENS = 512
@@ -211,65 +205,22 @@ def _validation(where: str, exc: ValidationError) -> SourceError:
 
 
 # ------------------------------------------------------------------------- OpenAI bodies
-class _Message(BaseModel):
-    """A chat message: a role and content (a string, content parts, or none beside tool calls)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-
-
-class _Common(BaseModel):
-    """Fields every body may carry that the harness must be able to judge."""
-
-    model_config = ConfigDict(extra="allow")
-
-    max_tokens: int | None = Field(None, ge=1)
-    n: int = 1
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"must be 1, not {v}: the harness judges one choice per request")
-        return v
-
-
-class _CompletionBody(_Common):
-    prompt: Any
-
-    @field_validator("prompt")
-    @classmethod
-    def _text_or_ids(cls, v: Any) -> str | list[int]:
-        ids = isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
-        if not (isinstance(v, str) or ids) or not v:
-            raise ValueError("must be a non-empty string or a non-empty list of token ids (integers >= 0)")
-        return v
-
-
-class _ChatBody(_Common):
-    messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-
-
 def _body(where: str, raw: dict[str, Any], url: str | None = None) -> tuple[Endpoint, dict[str, Any]]:
-    """Validate one OpenAI body; the endpoint from ``url`` (Batch API lines) or from its shape."""
+    """Validate one OpenAI body (:func:`harness.load.endpoints.body_problem`); the endpoint
+    from ``url`` (Batch API lines) or from its shape."""
     if url is not None:
-        endpoint: Endpoint | None = next((k for k, p in ENDPOINTS.items() if url.rstrip("/") == p), None)
+        endpoint = next((e for e in ("completions", "chat") if ENDPOINTS[e] == url.rstrip("/")), None)
         if endpoint is None:
             raise _fail(where, f"url {url!r} is not one of {sorted(ENDPOINTS.values())}")
-    elif ("prompt" in raw) == ("messages" in raw):
-        raise _fail(where, "needs exactly one of 'prompt' (completions) and 'messages' (chat)"
-                    if "prompt" not in raw else "has both 'prompt' and 'messages': one request is one endpoint")
     else:
-        endpoint = "completions" if "prompt" in raw else "chat"
-    model = _CompletionBody if endpoint == "completions" else _ChatBody
-    try:
-        model.model_validate(raw)
-    except ValidationError as exc:
-        raise _validation(where, exc) from None
-    return endpoint, {k: v for k, v in raw.items() if k not in HARNESS_FIELDS}
+        endpoint = endpoint_of(raw)
+        if endpoint is None:
+            raise _fail(where, "needs exactly one of 'prompt' (completions) and 'messages' (chat)"
+                        if "prompt" not in raw else "has both 'prompt' and 'messages': one request is one endpoint")
+    problem = body_problem(endpoint, raw)
+    if problem is not None:
+        raise _fail(where, problem)
+    return endpoint, passed_through(raw)
 
 
 def read_openai_requests(path: str | os.PathLike) -> list[RequestSpec]:
@@ -279,7 +230,9 @@ def read_openai_requests(path: str | os.PathLike) -> list[RequestSpec]:
     a chat body (``messages``: a non-empty list of ``{role, content}``), or an OpenAI Batch
     API input line whose ``url`` names the endpoint and whose ``body`` is the request. The
     body is kept as given, less :data:`HARNESS_FIELDS`; ``n`` must be 1 (one choice per
-    request is judged) and ``max_tokens`` ≥ 1 when given.
+    request is judged), ``max_tokens`` ≥ 1 when given, and a field only the other endpoint
+    takes (``tools`` in a completions body) is refused
+    (:func:`harness.load.endpoints.body_problem`).
 
     Returns:
         One spec per non-blank line, in file order.
@@ -451,12 +404,12 @@ def read_mooncake_trace(path: str | os.PathLike, *, vocab: Sequence[int], speedu
     if not vocab:
         raise _fail(str(p), "no token ids to draw prompts from")
     ids = sorted({int(t) for t in vocab})
-    blocks: dict[int, list[int]] = {}
+    blocks: dict[int | str, list[int]] = {}
 
     def block(key: int | str) -> list[int]:
         if key not in blocks:   # random.Random(str) seeds from the string's SHA-512: stable across processes
-            blocks[key] = random.Random(f"{seed}:{key}").choices(ids, k=block_tokens)   # type: ignore[index]
-        return blocks[key]   # type: ignore[index]
+            blocks[key] = random.Random(f"{seed}:{key}").choices(ids, k=block_tokens)
+        return blocks[key]
 
     out: list[RequestSpec] = []
     first: float | None = None

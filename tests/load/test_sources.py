@@ -71,6 +71,10 @@ def test_openai_bodies_keep_every_field_but_the_harnesss(tmp_path):
     ({"messages": [{"content": "hi"}]}, "2: missing field 'messages.0.role'"),
     ({"messages": [{"role": "bot", "content": "hi"}]}, "2: messages.0.role: Input should be 'system'"),
     ({"url": "/v1/embeddings", "body": {"input": "x"}}, "2: url '/v1/embeddings' is not one of"),
+    ({"prompt": "a", "tools": []}, "2: tools: belongs to /v1/chat/completions, not /v1/completions"),
+    ({"url": "/v1/completions", "body": {"messages": [{"role": "user", "content": "x"}]}},
+     "2: messages: belongs to /v1/chat/completions, not /v1/completions"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 5}, "2: logprobs: Input should be a valid boolean"),
 ])
 def test_a_bad_openai_line_is_one_line_naming_file_and_line(tmp_path, line, message):
     p = write(tmp_path, "req.jsonl", [{"prompt": "fine"}, line])
