@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jsonschema
 
+from harness.checks.base import CheckResult
 from harness.checks.integrity import divergence_index
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "LOGPROB_ATOL",
     "Response",
     "applicable",
+    "class_checks",
     "first_stop",
     "ids_text",
     "judge",
@@ -433,3 +435,17 @@ def judge(pairs: Iterable[tuple[Response, Response | None]], decode: Decode | No
                     entry["first"] = {"request_id": r.request_id, "detail": "; ".join(problems)}
     return {"responses": responses, "compared": compared,
             "invariants": {name: out[name] for name in INVARIANTS if name in out}}
+
+
+def class_checks(name: str, section: Mapping[str, Any]) -> list[CheckResult]:
+    """One check per invariant :func:`judge` judged for request class ``name``:
+    ``integrity.classes.NAME.INVARIANT``, passed when it has no violation (observed: the
+    violations, limit 0), the detail naming how many of how many and the first example."""
+    out = []
+    for inv, entry in section.get("invariants", {}).items():
+        n, judged, first = entry["violations"], entry["judged"], entry["first"]
+        detail = f"{n} of {judged} {name} responses violate {inv}"
+        if first:
+            detail += f"; first: {first['request_id']}: {first['detail']}"
+        out.append(CheckResult(f"integrity.classes.{name}.{inv}", "integrity", n == 0, n, 0, detail))
+    return out

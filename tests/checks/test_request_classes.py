@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness.checks.request_classes import (INVARIANTS, Response, applicable, first_stop, ids_text, judge,
+from harness.checks.request_classes import (INVARIANTS, Response, applicable, class_checks, first_stop, ids_text, judge,
                                             logprob_problems, logprob_reference_problems, stop_cut_problems,
                                             stop_problems, structure_of, structured_problems, text_problems,
                                             tool_call_problems, usage_problems)
@@ -235,3 +235,15 @@ def test_judge_counts_violations_per_invariant_with_a_first_example():
 def test_every_invariant_is_tested_here():
     assert set(INVARIANTS) == {"stop", "stop_cut", "text", "usage", "structured", "tool_calls", "logprobs",
                                "logprobs_ref"}
+
+
+def test_class_checks_fail_on_a_violation_and_name_the_first():
+    past = dataclasses.replace(stopped(text=" the river. the"), request_id="r2")
+    checks = class_checks("stop", judge([(stopped(), None), (past, None)], decode))
+    assert [(c.name, c.category, c.passed, c.observed, c.limit) for c in checks] == [
+        ("integrity.classes.stop.stop", "integrity", False, 1, 0),
+        ("integrity.classes.stop.text", "integrity", True, 0, 0),
+        ("integrity.classes.stop.usage", "integrity", True, 0, 0)]
+    assert checks[0].detail.startswith("1 of 2 stop responses violate stop; first: r2: stop string '.' appears")
+    assert checks[1].detail == "0 of 2 stop responses violate text"
+    assert class_checks("plain", judge([])) == []
