@@ -12,8 +12,8 @@ invariant          holds when                                                  f
                    ``finish_reason "stop"``
 ``stop_cut``       (reference) the same stop string cut the same text          same
 ``text``           the delivered text is the text of the delivered token ids   vllm PR#26027
-``usage``          delivered tokens == token ids == ``usage.completion_tokens``  ik_llama.cpp PR#2358,
-                                                                               sglang#39826
+``usage``          the chunks' token count and the token ids both equal        ik_llama.cpp PR#2358,
+                   ``usage.completion_tokens``                                 sglang#39826
 ``structured``     a finished structured output parses and satisfies its       vllm#9423, #27969
                    schema (JSON object, JSON schema, choice, regex)
 ``tool_calls``     each tool call names a declared tool and its arguments      vllm#40875
