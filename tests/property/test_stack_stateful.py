@@ -157,7 +157,7 @@ class FaultyStack(RuleBasedStateMachine):
 
 
 def test_faults_without_restart_keep_greedy_output_and_health(api, real_stack, tmp_path):
-    """Runs :class:`FaultyStack` (``ci``: 2 runs of up to 6 steps; ``nightly``: 20 of up to 25)."""
+    """Runs :class:`FaultyStack` (``ci``: 2 runs of up to 6 steps; ``nightly``: 10 of up to 25)."""
     stack = real_stack.stack
     ledger = Ledger(tmp_path / "ledger.jsonl")
     ctx = InjectionContext(stack, Timeline(tmp_path / "timeline.jsonl"), ledger,
@@ -167,7 +167,7 @@ def test_faults_without_restart_keep_greedy_output_and_health(api, real_stack, t
     env.api, env.stack, env.injector, env.ledger, env.refs = api, stack, inj, ledger, {}
     try:
         inj.prepare([make_fault("network", LATENCY)])
-        run_state_machine_as_test(lambda: FaultyStack(env), settings=stack_settings(2, 20))
+        run_state_machine_as_test(lambda: FaultyStack(env), settings=stack_settings(2, 10))
     finally:
         left = inj.clear_all()
         inj.release_all()
