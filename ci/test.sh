@@ -3,7 +3,7 @@
 # printed at the end, with every group's, so a change that slows the suite shows in CI.
 #
 #   ci/test.sh fast      the tests that need no real stack (-m "not stack and not nightly"), in parallel
-#                        (pytest-xdist, $SPECCHAOS_TEST_WORKERS workers, default 3): make test-fast
+#                        (pytest-xdist, $SPECCHAOS_TEST_WORKERS workers, default 4): make test-fast
 #   ci/test.sh stack     the real-stack tests (-m stack), serially, on the session's one shared
 #                        stack; ends with the line `real-stack coverage: FAMILY ...` and fails
 #                        when a fault family did not act against the real vLLM
@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${SPECCHAOS_PYTHON:-.venv/bin/python}"
-WORKERS="${SPECCHAOS_TEST_WORKERS:-3}"
+WORKERS="${SPECCHAOS_TEST_WORKERS:-4}"
 read -r -a EXTRA <<< "${PYTEST_ARGS:-}"
 
 status=0

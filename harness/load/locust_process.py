@@ -104,7 +104,8 @@ class LocustProcess:
             its request in flight. Keep it below :meth:`stop`'s ``timeout_s``.
         startup_check_s: :meth:`start` waits this long after locust printed "Starting
             Locust" (its locustfile loaded; at most :data:`STARTUP_LIMIT_S` s) to catch an
-            early exit.
+            early exit, or until its first request is recorded, whichever comes first (a
+            process that recorded a response loaded its prompt set and reaches the server).
         mirror_url: the reference (plain) server for mirror mode (``cfg.mirror``): every
             request is also sent there, interleaved (see :mod:`harness.load.locustfile`);
             None: no mirror. Loopback only.
@@ -337,6 +338,7 @@ class LocustProcess:
                  f" and (mirror) {self.mirror_url}" if self.mirror_url else "", self.run_time_s)
         log.debug("locust argv: %s", cmd)
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        sizes = self._record_sizes()
         self._proc = self._spawn(cmd, self.environment(), self.log_path, "locust-master" if self.workers else "locust")
         try:
             for i in range(self.workers):
@@ -371,9 +373,16 @@ class LocustProcess:
                     f"locust exited at start with code {self._proc.returncode}: {_tail(self.log_path)}",
                     where=str(self.log_path), hint="read the locust log",
                 )
+            if started and self._record_sizes() != sizes:
+                return   # a request recorded: the prompt set loaded and the server is reached
             time.sleep(0.1)
         if not started:
             log.warning("locust printed no %r within %.0f s; going on", _STARTED_LINE, STARTUP_LIMIT_S)
+
+    def _record_sizes(self) -> list[int]:
+        """The sizes in bytes of the records file and of each worker's (0 when absent)."""
+        paths = [self.records_path] + [worker_records_path(self.records_path, i) for i in range(self.workers)]
+        return [p.stat().st_size if p.exists() else 0 for p in paths]
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """Stop locust: SIGTERM (graceful, see module doc), then SIGKILL of its process

@@ -35,7 +35,7 @@ def too_long(api, body: dict[str, Any]) -> bool:
     return True
 
 
-@stack_settings(8, 300)   # nightly: 300 examples (about 12 min here)
+@stack_settings(6, 300)   # nightly: 300 examples (about 12 min here)
 @given(body=requests())
 def test_greedy_speculative_output_equals_the_reference(api, body):
     """Any greedy request: the speculative server returns exactly the reference's output
@@ -46,7 +46,7 @@ def test_greedy_speculative_output_equals_the_reference(api, body):
     expect(judged(api, spec, "spec") + judged(api, ref, "ref") + same_output(spec, ref), spec, ref)
 
 
-@stack_settings(6, 200)
+@stack_settings(4, 200)
 @given(body=requests(stop=False), data=st.data())
 def test_stop_strings_cut_exactly_at_the_first_one(api, body, data):
     """Stop strings taken from the output itself (so they are met): the text is the

@@ -40,7 +40,8 @@ from tests.property.profiles import stack_settings
 from tests.property.strategies import requests
 from tests.property.wire import Completion, expect
 
-pytestmark = [pytest.mark.stack, pytest.mark.budget, pytest.mark.timeout(1800)]
+# nightly only: make test's real-stack experiments apply the same three families, each judged whole
+pytestmark = [pytest.mark.stack, pytest.mark.nightly, pytest.mark.budget, pytest.mark.timeout(1800)]
 
 #: The network fault's arguments: prepared once (its proxy), injected as often as drawn.
 LATENCY = {"server": "spec", "toxic": "latency", "attributes": {"latency": 40, "jitter": 10}}

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from harness.report import timeline_plot
 from harness.report.allure import ALLURE_DIR_ENV, RESULTS_DIR, write_allure_results
 from tests.report.allure_tools import ALLURE_REPORT, CHECK_REPORT, check, generate
@@ -34,7 +36,7 @@ def test_history_gives_a_trend_when_runs_are_generated_into_one_report(run_dir, 
     assert [i["status"] for i in entry["items"]] == ["failed", "passed"]
 
 
-def test_the_browser_check_passes_with_plots_and_fails_without(run_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_the_browser_check_passes_with_plots(run_dir, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.delenv(ALLURE_DIR_ENV, raising=False)
     rep = judged(run_dir)
     write_allure_results(run_dir, rep)
@@ -46,7 +48,12 @@ def test_the_browser_check_passes_with_plots_and_fails_without(run_dir, tmp_path
     for shot in ("overview.png", "test-1.png"):
         assert (tmp_path / "shots" / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # the same run without its plot: the check must fail, naming it
+
+@pytest.mark.nightly   # make test judges the failing pages with a stub browser (test_check_report_fails_on_each_missing_piece)
+def test_the_browser_check_fails_without_plots(run_dir, tmp_path, monkeypatch):  # noqa: F811
+    """The same run without its plot, in real Chromium: the check must fail, naming it."""
+    monkeypatch.delenv(ALLURE_DIR_ENV, raising=False)
+    rep = judged(run_dir)
     monkeypatch.setattr(timeline_plot, "plot_timeline", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     write_allure_results(run_dir, rep)
     bare = tmp_path / "bare"
