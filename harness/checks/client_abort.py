@@ -9,8 +9,16 @@ events; nothing is judged in a run without ``abort_sample`` events.
   when both were read; a server that frees an aborted request has none for longer than a
   scheduler step or two;
 * a **drain** is a stretch of consecutive samples with orphans > 0, from its first sample
-  to the first later sample with none (or to the last sample: never drained);
-* ``client_abort.drain_s`` — the longest drain ≤ ``client_abort.max_drain_s``;
+  to the first later sample with none (or to the last sample: never drained). A sample's
+  instant ``t`` is the end of its /metrics read and the gauge it reports was taken somewhere
+  in ``[t - read_s, t]``, so a drain's ``duration_s`` runs from its first sample to the
+  *start* of the read that found none (never earlier than its last sample with orphans):
+  what the samples saw, not the read's own latency. ``bound_s`` is the most it can have
+  lasted (from the start of its first read to the end of the read that found none);
+  ``resolution_s`` the gap between the two (a read that took 3.7 s on a busy host can end
+  a 0.1 s drain: judged 0.1 s, bounded at 3.8 s);
+* ``client_abort.drain_s`` — the longest drain's ``duration_s`` ≤ ``client_abort.max_drain_s``
+  (a stuck request seen over several samples fails; the detail gives the bound);
 * ``client_abort.server_exits`` — no server exited (``server_exited``, unexpected) after
   the first stream was aborted (engines that crash on client disconnects);
 * ``client_abort.streams_aborted`` — at least one stream was aborted (else the fault
@@ -45,9 +53,16 @@ def orphans(sample: dict[str, Any]) -> float | None:
     return running - live
 
 
+def _read_s(sample: dict[str, Any]) -> float:
+    return max(0.0, float(sample.get("read_s") or 0.0))
+
+
 def drains(ss: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drains (module doc): ``[{"start", "end", "duration_s", "max_orphans", "drained"}]``.
-    A sample whose orphans are unknown neither starts nor ends one."""
+    """Drains (module doc): ``[{"start", "end", "duration_s", "bound_s", "resolution_s",
+    "max_orphans", "drained"}]``, instants in epoch seconds, durations in seconds. ``end``
+    is the start of the read that found none (at least the drain's last sample with
+    orphans), or its last sample when it never drained. A sample whose orphans are unknown
+    neither starts nor ends one; a sample without ``read_s`` is an instant."""
     out: list[dict[str, Any]] = []
     cur: dict[str, Any] | None = None
     for s in ss:
@@ -56,16 +71,20 @@ def drains(ss: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if n > 0:
             if cur is None:
-                cur = {"start": s["t"], "end": s["t"], "max_orphans": n, "drained": False}
-            cur["end"], cur["max_orphans"] = s["t"], max(cur["max_orphans"], n)
+                cur = {"start": s["t"], "end": s["t"], "first_read_s": _read_s(s), "max_orphans": n,
+                       "drained": False}
+            cur["end"], cur["outer_end"], cur["max_orphans"] = s["t"], s["t"], max(cur["max_orphans"], n)
         elif cur is not None:
-            cur["end"], cur["drained"] = s["t"], True
+            cur["end"] = max(cur["end"], s["t"] - _read_s(s))
+            cur["outer_end"], cur["drained"] = s["t"], True
             out.append(cur)
             cur = None
     if cur is not None:
         out.append(cur)
     for d in out:
         d["duration_s"] = round(d["end"] - d["start"], 3)
+        d["bound_s"] = round(d.pop("outer_end") - d["start"] + d.pop("first_read_s"), 3)
+        d["resolution_s"] = round(d["bound_s"] - d["duration_s"], 3)
     return out
 
 
@@ -100,7 +119,9 @@ def client_abort_checks(events: list[dict[str, Any]], max_drain_s: float,
         checks.append(CheckResult(
             "client_abort.drain_s", "liveness", longest["duration_s"] <= max_drain_s, longest["duration_s"], max_drain_s,
             f"longest stretch with requests running for no client: {longest['duration_s']:.2f} s from "
-            f"{instant(longest['start'], after(longest['start']))}, up to {longest['max_orphans']:g} orphaned, {how}"))
+            f"{instant(longest['start'], after(longest['start']))} (at most {longest['bound_s']:.2f} s: "
+            f"the /metrics reads around it took up to {longest['resolution_s']:.2f} s more), "
+            f"up to {longest['max_orphans']:g} orphaned, {how}"))
     checks.append(CheckResult("client_abort.server_exits", "liveness", not exits, len(exits), 0,
                               f"{len(exits)} server exits after the first abort" +
                               (f" (first at {instant(exits[0]['t'], after(exits[0]['t']))})" if exits else "")))
@@ -109,6 +130,7 @@ def client_abort_checks(events: list[dict[str, Any]], max_drain_s: float,
     summary = {"samples": len(ss), "samples_judged": len(judged), "streams_aborted": aborted,
                "first_abort": first, "drains": len(ds), "longest_drain_s": longest["duration_s"] if longest else 0.0,
                "longest_drain_start": longest["start"] if longest else None,
+               "longest_drain_bound_s": longest["bound_s"] if longest else 0.0,
                "max_orphans": max((d["max_orphans"] for d in ds), default=0), "max_drain_s": max_drain_s,
                "server_exits": len(exits)}
     return checks, summary
@@ -121,6 +143,6 @@ def check(run: RecordedRun) -> list[CheckResult]:
 
 def section(run: RecordedRun) -> dict[str, Any]:
     """``report.json["client_abort"]``: ``{"samples", "samples_judged", "streams_aborted",
-    "first_abort", "drains", "longest_drain_s", "longest_drain_start", "max_orphans",
-    "max_drain_s", "server_exits"}`` (empty without samples)."""
+    "first_abort", "drains", "longest_drain_s", "longest_drain_start", "longest_drain_bound_s",
+    "max_orphans", "max_drain_s", "server_exits"}`` (seconds; instants in epoch seconds) (empty without samples)."""
     return client_abort_checks(run.events, run.limits.client_abort.max_drain_s, run.fault_time)[1]
