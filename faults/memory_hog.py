@@ -67,6 +67,10 @@ GIB = 2**30
 STEP_BYTES = 64 * 2**20
 #: Seconds :meth:`MemoryHog.inject` waits for the hog per GiB it takes (plus 10 s).
 READY_S_PER_GIB = 20.0
+#: Seconds :meth:`MemoryHog.clear` waits for the hog to exit, per GiB it holds (plus
+#: :data:`END_S`), once after closing its stdin and once more after SIGKILL: the kernel
+#: frees every page of it first, which took over 10 s for 16.8 GiB on a busy 2-core host.
+END_S, END_S_PER_GIB = 5.0, 2.0
 #: Share of the taken bytes the hog must hold as RSS, and share of them that available
 #: memory must have dropped by, for the evidence to say it acted.
 RSS_SHARE, DROP_SHARE = 0.9, 0.5
@@ -248,20 +252,36 @@ class MemoryHog(Fault):
         self._end()
 
     def _end(self) -> None:
-        popen, self._popen = self._popen, None
+        """End the hog: close its stdin (it exits on end-of-file), SIGKILL it if it has not
+        exited within :data:`END_S` + :data:`END_S_PER_GIB` s per GiB it holds, and wait as
+        long again.
+
+        Raises:
+            FaultError: still running after that (it stays registered in the run state,
+                so ``specchaos cleanup`` ends it).
+        """
+        popen = self._popen
         if popen is None:
             return
+        held = (self.facts or {}).get("taken_bytes") or 0
+        limit = END_S + END_S_PER_GIB * held / GIB
         if popen.poll() is None:
             try:
                 if popen.stdin:
-                    popen.stdin.close()          # the hog exits on end-of-file
+                    popen.stdin.close()
             except OSError:
                 pass
             try:
-                popen.wait(5)
+                popen.wait(limit)
             except subprocess.TimeoutExpired:
+                log.warning("memory hog pid %d still running %.0f s after its stdin closed: SIGKILL", popen.pid, limit)
                 popen.kill()
-                popen.wait(5)
+                try:
+                    popen.wait(limit)
+                except subprocess.TimeoutExpired:
+                    raise FaultError(f"memory hog pid {popen.pid} still running {limit:.0f} s after SIGKILL "
+                                     f"(left to `specchaos cleanup`)", where=self.kind) from None
+        self._popen = None
         for stream in (popen.stdout, popen.stderr):
             if stream:
                 stream.close()

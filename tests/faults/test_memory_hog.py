@@ -81,3 +81,29 @@ def test_gpu_hog_without_a_gpu_is_refused():
     with pytest.raises(ValidationError, match="no NVIDIA GPU") as ei:
         MemoryHogParams(size_gib=1, device="gpu")
     assert ei.value.errors()[0]["loc"] == ("device",)
+
+
+def test_a_hog_slow_to_exit_is_killed_and_one_that_never_exits_is_left_to_cleanup(make_injector, monkeypatch):
+    # A busy host (stability run, 3 Dec): a 16.8 GiB hog took over 10 s to exit and the
+    # clear raised subprocess.TimeoutExpired, turning the run into an error.
+    import subprocess
+    import faults.memory_hog as mh
+    monkeypatch.setattr(mh, "END_S", 0.5)
+    monkeypatch.setattr(mh, "END_S_PER_GIB", 0.0)
+    inj = make_injector()
+    h = inj.inject("memory-hog", {"size_gib": 0.1})
+    pid = h.facts["pid"]
+    # the hog ignores end-of-file (it is stopped): only the SIGKILL ends it
+    psutil.Process(pid).suspend()
+    inj.clear(h)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert [e["state"] for e in inj.ctx.ledger.entries()] == ["cleared"]
+    # a process that outlives its SIGKILL: one line, not a raw TimeoutExpired
+    h2 = inj.inject("memory-hog", {"size_gib": 0.1})
+    popen = h2.fault._popen
+    real_wait = popen.wait
+    monkeypatch.setattr(popen, "wait", lambda timeout=None: (_ for _ in ()).throw(subprocess.TimeoutExpired("hog", timeout)))
+    with pytest.raises(FaultError, match=r"still running 0 s after SIGKILL"):
+        h2.fault.clear(None)
+    monkeypatch.setattr(popen, "wait", real_wait)
+    popen.wait(5)
