@@ -18,6 +18,11 @@ Three defects are judged here, from request records alone:
 * **false success** — a record the client labelled ``ok=True`` that is not complete
   (e.g. a stream cut by a kill reported as a success).
 
+With ``load.request_classes``, each class's finished responses are also judged by the
+invariants its body asks for (stop strings, usage, structured output, tool calls,
+logprobs: :mod:`harness.checks.request_classes`): ``integrity.classes.NAME`` in the
+section, a check ``integrity.classes.NAME.INVARIANT`` each.
+
 A response presented as finished but incomplete while the harness itself was stopping its
 server for a planned restart (:func:`planned_stop_windows`: a draft swap, the speculation
 breaker's fallback) is counted ``cut_by_planned_stop``, with examples, and not as
@@ -35,7 +40,9 @@ import dataclasses
 import logging
 from typing import Iterable, Sequence
 
+from harness.checks import request_classes
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.diff import divergence_index
 from harness.load.records import RequestRecord, is_complete, presented_finished
 
 __all__ = [
@@ -51,18 +58,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _EXAMPLES = 5
-
-
-def divergence_index(got: Sequence, expected: Sequence) -> int | None:
-    """Index of the first position where two sequences differ, ``None`` if equal.
-
-    A strict prefix diverges at the shorter length."""
-    for i, (a, b) in enumerate(zip(got, expected)):
-        if a != b:
-            return i
-    if len(got) != len(expected):
-        return min(len(got), len(expected))
-    return None
 
 
 def _at(seq: Sequence, i: int) -> str:
@@ -274,9 +269,14 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
         load = getattr(run.limits, "load", None)   # the sampling classes, when the limits carry them
         greedy = load.greedy_classes() if load is not None else None
         cfg = run.limits.integrity
-        run.memo["integrity"] = integrity_checks(run.records, run.reference, cfg.min_compared, greedy=greedy,
-                                                 tie_margin=cfg.tie_logprob_margin,
-                                                 planned_stops=planned_stop_windows(run.events))
+        checks, summary = integrity_checks(run.records, run.reference, cfg.min_compared, greedy=greedy,
+                                           tie_margin=cfg.tie_logprob_margin,
+                                           planned_stops=planned_stop_windows(run.events))
+        classes = getattr(load, "request_classes", None)
+        if classes:   # configured request classes: each judged by its invariants (module doc)
+            summary["classes"] = request_classes.classes_section(run.records, classes)
+            checks = checks + request_classes.classes_checks(summary["classes"], classes)
+        run.memo["integrity"] = checks, summary
     return run.memo["integrity"]
 
 

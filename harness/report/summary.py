@@ -266,6 +266,8 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
             tab.add_row(key.replace("_", " "), str(integ[key]))
     if integ.get("first_divergence"):
         tab.add_row("first divergence", str(integ["first_divergence"]))
+    for name, cls in (integ.get("classes") or {}).items():
+        tab.add_row(f"class {name}", _class_line(cls))
     g = report.get("gpu") or {}
     if g.get("available") is False and g.get("note"):
         tab.add_row("GPU telemetry", str(g["note"]))
@@ -275,6 +277,14 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
     if gpu_mem_note:
         tab.add_row("GPU memory swing", f"not judged: {gpu_mem_note}")
     return tab
+
+
+def _class_line(section: dict[str, Any]) -> str:
+    """One request class's line (``integrity.classes.NAME``): its finished responses and,
+    per invariant, violations of judged (``"12 responses; stop 0/12, usage 1/12"``)."""
+    invs = section.get("invariants") or {}
+    parts = [f"{inv} {e['violations']}/{e['judged']}" for inv, e in invs.items()]
+    return f"{section.get('responses', 0)} responses" + ("; " + ", ".join(parts) if parts else "")
 
 
 def _checks_table(report: dict[str, Any]) -> Table:

@@ -1,0 +1,84 @@
+"""Request classes judged over a run (``integrity.classes``): responses of each class
+recorded by the real client from the fake vLLM, then judged by
+:func:`harness.checks.integrity.check` — healthy, then with one ``--defect`` each
+(:data:`tests.fakes.fake_vllm.DEFECTS`), each of which must fail its own invariant only."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from harness.checks import integrity
+from harness.checks.base import RecordedRun
+from harness.checks.config import IntegrityConfig
+from harness.load.client import make_client, stream_completion
+from harness.load.config import LoadConfig
+from harness.load.prompts import Prompt
+from harness.report.summary import _class_line
+
+from tests.fakes import run_fake
+
+LOAD = LoadConfig(request_classes=[
+    {"name": "stop", "body": {"stop": [" w1"], "max_tokens": 64, "ignore_eos": True}},
+    {"name": "json", "endpoint": "chat", "body": {"response_format": {"type": "json_object"}, "max_tokens": 32}},
+    {"name": "lp", "body": {"logprobs": 1, "ignore_eos": True}},
+    {"name": "chatlp", "endpoint": "chat", "body": {"logprobs": True, "ignore_eos": True}},
+    {"name": "idle", "endpoint": "chat", "body": {"stop": "x"}},   # no request is sent: not judged
+])
+PROMPTS = [Prompt(prompt_id=i, prompt_class="short", text=f"tell me {w}", prompt_tokens=3, max_tokens=10)
+           for i, w in enumerate(("one", "two", "three"))]
+
+#: Which class checks each defect must fail (none other), besides the run-wide checks named.
+EXPECTED = {
+    None: (set(), set()),
+    "stop_overrun": ({"integrity.classes.stop.stop"}, set()),
+    "drop_token": ({f"integrity.classes.{c}.usage" for c in ("stop", "json", "lp", "chatlp")},
+                   {"integrity.malformed", "integrity.false_success"}),   # (the client's ok counts no tokens)
+    "bad_json": ({"integrity.classes.json.structured"}, set()),
+    "zero_logprobs": ({"integrity.classes.lp.logprobs", "integrity.classes.chatlp.logprobs"}, set()),
+}
+
+
+def recorded_run(defect: str | None) -> RecordedRun:
+    flags = ["--step-delay-s", "0.005"] + (["--defect", defect] if defect else [])
+    records = []
+    with run_fake(*flags) as fake, make_client() as client:
+        for request_class in LOAD.request_classes[:-1]:
+            for p in PROMPTS:
+                records.append(stream_completion(client, fake.base_url, fake.served_model_name, p, timeout_s=10,
+                                                 request_class=request_class))
+    limits = SimpleNamespace(integrity=IntegrityConfig(min_compared=0), load=LOAD)
+    return RecordedRun(records=records, reference={}, events=[], limits=limits)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("defect", list(EXPECTED))
+def test_each_defect_fails_its_own_invariant_only(defect):
+    run = recorded_run(defect)
+    checks = integrity.check(run)
+    section = integrity.section(run)["classes"]
+    failed = {c.name for c in checks if c.failed} - {"integrity.compared"}   # no reference in this test
+    classes, run_wide = EXPECTED[defect]
+    assert failed == classes | run_wide, [c.detail for c in checks if c.failed]
+    assert list(section) == ["stop", "json", "lp", "chatlp", "idle"]
+    for name in ("stop", "json", "lp", "chatlp"):
+        assert section[name]["responses"] == len(PROMPTS) and section[name]["compared"] == 0
+    assert set(section["json"]["invariants"]) == {"usage", "structured"}
+    assert set(section["lp"]["invariants"]) == {"usage", "logprobs"}
+    for c in checks:
+        if c.failed and c.name.startswith("integrity.classes."):
+            _, _, name, inv = c.name.split(".")
+            entry = section[name]["invariants"][inv]
+            assert entry["violations"] == c.observed > 0 and entry["first"]["request_id"] in c.detail
+    idle = [c for c in checks if c.name.startswith("integrity.classes.idle.")]
+    assert {c.name for c in idle} == {"integrity.classes.idle.stop", "integrity.classes.idle.usage"}
+    assert all(not c.judged for c in idle) and section["idle"] == {"responses": 0, "compared": 0, "invariants": {}}
+    assert _class_line(section["stop"]).startswith(f"{len(PROMPTS)} responses; stop ")
+
+
+def test_without_classes_the_integrity_section_and_checks_are_todays():
+    run = recorded_run(None)
+    run.limits = SimpleNamespace(integrity=IntegrityConfig(min_compared=0), load=LoadConfig())
+    assert "classes" not in integrity.section(run)
+    assert [c.name for c in integrity.check(run)] == ["integrity.mismatched", "integrity.malformed",
+                                                      "integrity.false_success", "integrity.compared"]
