@@ -15,6 +15,7 @@ from harness.checks.config import IntegrityConfig
 from harness.load.client import make_client, stream_completion
 from harness.load.config import LoadConfig
 from harness.load.prompts import Prompt
+from harness.report.schema import Integrity
 from harness.report.summary import _class_line
 
 from tests.fakes import run_fake
@@ -73,6 +74,7 @@ def test_each_defect_fails_its_own_invariant_only(defect):
     idle = [c for c in checks if c.name.startswith("integrity.classes.idle.")]
     assert {c.name for c in idle} == {"integrity.classes.idle.stop", "integrity.classes.idle.usage"}
     assert all(not c.judged for c in idle) and section["idle"] == {"responses": 0, "compared": 0, "invariants": {}}
+    assert Integrity.model_validate(integrity.section(run)).classes["stop"].responses == len(PROMPTS)
     assert _class_line(section["stop"]).startswith(f"{len(PROMPTS)} responses; stop ")
 
 
