@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.load.endpoints import HARNESS_FIELDS, Endpoint, body_problem
 
-__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
+__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
            "DEFAULT_BUCKETS", "GREEDY"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -181,6 +181,19 @@ class RequestClass(BaseModel):
         if problem is not None:
             raise ValueError(f"request class {self.name!r} ({self.endpoint}): {problem}")
         return self
+
+
+#: Body fields that leave a completion's greedy output as the plain request's (the
+#: reference's): a different ``max_tokens`` is compared as a prefix, the rest change no token.
+_OUTPUT_NEUTRAL = frozenset({"max_tokens", "seed", "logprobs", "return_tokens_as_token_ids", "user", "priority",
+                             "request_id"})
+
+
+def reference_comparable(request_class: RequestClass) -> bool:
+    """Whether the non-speculative reference (fetched per prompt as a plain greedy
+    completion) predicts this class's greedy output: a completions class whose body only
+    holds fields that change no output token (:data:`_OUTPUT_NEUTRAL`)."""
+    return request_class.endpoint == "completions" and set(request_class.body) <= _OUTPUT_NEUTRAL
 
 
 #: The implicit request class when ``load.request_classes`` is absent: plain completions.
@@ -472,6 +485,11 @@ class LoadConfig(BaseModel):
     def classes(self) -> list[RequestClass]:
         """The request classes: ``request_classes``, else the implicit :data:`PLAIN`."""
         return list(self.request_classes) if self.request_classes is not None else [PLAIN]
+
+    def comparable_classes(self) -> set[str]:
+        """Names of the request classes whose greedy output the plain reference predicts
+        (:func:`reference_comparable`; the implicit plain class is one)."""
+        return {c.name for c in self.classes() if reference_comparable(c)}
 
     def greedy_classes(self) -> set[str]:
         """Names of the greedy sampling classes (temperature 0)."""

@@ -18,6 +18,7 @@ from harness.load.prompts import Prompt
 from harness.report.schema import Integrity
 from harness.report.summary import _class_line
 
+from tests.factories import make_record
 from tests.fakes import run_fake
 
 LOAD = LoadConfig(request_classes=[
@@ -84,3 +85,15 @@ def test_without_classes_the_integrity_section_and_checks_are_todays():
     assert "classes" not in integrity.section(run)
     assert [c.name for c in integrity.check(run)] == ["integrity.mismatched", "integrity.malformed",
                                                       "integrity.false_success", "integrity.compared"]
+
+
+def test_only_classes_the_plain_reference_predicts_are_compared_with_it():
+    lc = LoadConfig(request_classes=[{"name": "plain"}, {"name": "seeded", "body": {"seed": 3, "max_tokens": 4}},
+                                     {"name": "stop", "body": {"stop": "x"}}, {"name": "chat", "endpoint": "chat"}])
+    assert lc.comparable_classes() == {"plain", "seeded"} and LoadConfig().comparable_classes() == {"plain"}
+    ref = make_record(token_ids=[1, 2, 3, 4])
+    records = [make_record(token_ids=[1, 2, 9, 9], request_class=name) for name in ("plain", "stop", "chat")]
+    _, summary = integrity.integrity_checks(records, {0: ref}, 0, comparable=lc.comparable_classes())
+    assert (summary["compared"], summary["mismatched"], summary["not_comparable"]) == (1, 1, 2)
+    _, today = integrity.integrity_checks(records, {0: ref}, 0)
+    assert (today["compared"], today["not_comparable"]) == (3, 0)
