@@ -23,8 +23,10 @@ Three defects are judged here, from request records alone:
 
 With ``load.request_classes``, each class's finished responses are also judged by the
 invariants its body asks for (stop strings, usage, structured output, tool calls,
-logprobs: :mod:`harness.checks.request_classes`): ``integrity.classes.NAME`` in the
-section, a check ``integrity.classes.NAME.INVARIANT`` each.
+logprobs: :mod:`harness.checks.request_classes`), and in mirror mode its greedy responses
+against the reference server's to the same request (the same stop cut, logprobs within a
+tolerance): ``integrity.classes.NAME`` in the section, a check
+``integrity.classes.NAME.INVARIANT`` each.
 
 A response presented as finished but incomplete while the harness itself was stopping its
 server for a planned restart (:func:`planned_stop_windows`: a draft swap, the speculation
@@ -284,7 +286,8 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
                                            planned_stops=planned_stop_windows(run.events),
                                            comparable=load.comparable_classes() if classes else None)
         if classes:   # configured request classes: each judged by its invariants (module doc)
-            summary["classes"] = request_classes.classes_section(run.records, classes)
+            summary["classes"] = request_classes.classes_section(run.records, classes, ref_records=run.ref_records,
+                                                                 greedy=load.greedy_classes())
             checks = checks + request_classes.classes_checks(summary["classes"], classes)
         run.memo["integrity"] = checks, summary
     return run.memo["integrity"]

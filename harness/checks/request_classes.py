@@ -475,16 +475,34 @@ def finished(r: RequestRecord) -> bool:
 
 
 def classes_section(records: Iterable[RequestRecord], classes: Sequence[RequestClass],
-                    decode: Decode | None = None) -> dict[str, dict[str, Any]]:
+                    decode: Decode | None = None, ref_records: Iterable[RequestRecord] = (),
+                    greedy: Iterable[str] = ("greedy",)) -> dict[str, dict[str, Any]]:
     """``report.json``'s ``integrity.classes``: per configured request class (in order),
-    :func:`judge` over the :func:`finished` records of that class. The reference
-    invariants are not judged here (the reference is fetched per prompt as a plain
-    completion, not per class), so each pair's reference is None."""
+    :func:`judge` over the :func:`finished` records of that class.
+
+    The reference of a response is the non-speculative server's finished response to the
+    same request: mirror mode's load record to the reference server (``ref_records``) of
+    the same prompt, class and a greedy sampling class (``greedy``: deterministic), the
+    first such; a sampled response, or one without such a record (no mirror mode), has
+    none, and the reference invariants (``stop_cut``, ``logprobs_ref``) are not judged for
+    it. The per-prompt reference fetch is a plain completion, no reference for a class."""
+    greedy = set(greedy)
     by_name: dict[str, list[RequestRecord]] = {c.name: [] for c in classes}
     for r in records:
         if r.request_class in by_name and finished(r):
             by_name[r.request_class].append(r)
-    return {c.name: judge(((response_of(r, c.body), None) for r in by_name[c.name]), decode) for c in classes}
+    refs: dict[tuple[int, str], RequestRecord] = {}
+    for r in ref_records:
+        if r.request_class in by_name and r.sampling in greedy and finished(r):
+            refs.setdefault((r.prompt_id, r.request_class), r)
+    out = {}
+    for c in classes:
+        pairs = []
+        for r in by_name[c.name]:
+            ref = refs.get((r.prompt_id, c.name)) if r.sampling in greedy else None
+            pairs.append((response_of(r, c.body), None if ref is None else response_of(ref, c.body)))
+        out[c.name] = judge(pairs, decode)
+    return out
 
 
 def classes_checks(section: Mapping[str, Mapping[str, Any]], classes: Sequence[RequestClass],

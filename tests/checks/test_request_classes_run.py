@@ -13,7 +13,9 @@ from harness.checks import integrity
 from harness.checks.base import RecordedRun
 from harness.checks.config import IntegrityConfig
 from harness.load.client import make_client, stream_completion
+from harness.checks.request_classes import classes_section
 from harness.load.config import LoadConfig
+from harness.load.records import RequestRecord
 from harness.load.prompts import Prompt
 from harness.report.schema import Integrity
 from harness.report.summary import _class_line
@@ -42,14 +44,19 @@ EXPECTED = {
 }
 
 
-def recorded_run(defect: str | None) -> RecordedRun:
-    flags = ["--step-delay-s", "0.005"] + (["--defect", defect] if defect else [])
+def responses(*flags: str, server: str = "spec", classes=LOAD.request_classes[:-1]) -> list[RequestRecord]:
+    """The records of one request per prompt and class from a fake started with ``flags``."""
     records = []
-    with run_fake(*flags) as fake, make_client() as client:
-        for request_class in LOAD.request_classes[:-1]:
+    with run_fake("--step-delay-s", "0.005", *flags) as fake, make_client() as client:
+        for request_class in classes:
             for p in PROMPTS:
                 records.append(stream_completion(client, fake.base_url, fake.served_model_name, p, timeout_s=10,
-                                                 request_class=request_class))
+                                                 request_class=request_class, server=server))
+    return records
+
+
+def recorded_run(defect: str | None) -> RecordedRun:
+    records = responses(*(["--defect", defect] if defect else []))
     limits = SimpleNamespace(integrity=IntegrityConfig(min_compared=0), load=LOAD)
     return RecordedRun(records=records, reference={}, events=[], limits=limits)  # type: ignore[arg-type]
 
@@ -97,3 +104,20 @@ def test_only_classes_the_plain_reference_predicts_are_compared_with_it():
     assert (summary["compared"], summary["mismatched"], summary["not_comparable"]) == (1, 1, 2)
     _, today = integrity.integrity_checks(records, {0: ref}, 0)
     assert (today["compared"], today["not_comparable"]) == (3, 0)
+
+
+def test_mirror_records_are_the_reference_of_deterministic_requests():
+    classes = [LOAD.request_classes[0], LOAD.request_classes[2]]   # stop, lp
+    ref = responses(server="ref", classes=classes)
+    healthy = classes_section(responses(classes=classes), classes, ref_records=ref)
+    for name, inv in (("stop", "stop_cut"), ("lp", "logprobs_ref")):
+        assert healthy[name]["compared"] == len(PROMPTS)
+        assert healthy[name]["invariants"][inv] == {"judged": len(PROMPTS), "violations": 0, "first": None}
+    changed = classes_section(responses("--mismatch", classes=classes), classes, ref_records=ref)
+    assert changed["stop"]["invariants"]["stop_cut"]["violations"] > 0
+    assert "the reference at char" in changed["stop"]["invariants"]["stop_cut"]["first"]["detail"]
+    assert changed["lp"]["invariants"]["logprobs_ref"]["violations"] == 0   # judged up to the first new token
+    zeros = classes_section(responses("--defect", "zero_logprobs", classes=classes), classes, ref_records=ref)
+    assert zeros["lp"]["invariants"]["logprobs_ref"]["violations"] == len(PROMPTS)
+    sampled = classes_section(responses(classes=classes), classes, ref_records=ref, greedy=())
+    assert sampled["stop"]["compared"] == 0 and "stop_cut" not in sampled["stop"]["invariants"]
