@@ -369,6 +369,8 @@ class LoadConfig(BaseModel):
     error_backoff_s: float = Field(0.25, ge=0)
     buckets: list[PromptBucket] | None = None
     sampling: list[SamplingClass] = Field(default_factory=lambda: [GREEDY.model_copy()], min_length=1)
+    #: The request classes (:class:`RequestClass`), each request drawing one by weight
+    #: (seeded); absent: plain completions only, the implicit class ``plain``.
     request_classes: list[RequestClass] | None = None
     mirror: bool = False
     profile: ProfileConfig = Field(default_factory=ProfileConfig)

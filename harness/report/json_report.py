@@ -34,7 +34,11 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                    reference's logprobs, not counted as mismatched), "malformed", "cut_by_planned_stop"
                    (cut while the harness stopped the server for a planned restart, not
                    counted as malformed), "false_success",
-                   "not_comparable" (sampled, not compared), "first_divergence", "examples"},
+                   "not_comparable" (sampled, or a request class the plain reference does not
+                   predict: not compared), "first_divergence", "examples",
+                   "classes" (only with load.request_classes): {name: {"responses", "compared",
+                   "invariants": {invariant: {"judged", "violations", "first": {"request_id",
+                   "detail"}|null}}}} (harness.checks.request_classes)},
      "mirror": {"enabled", "groups": [...]} (speculative vs plain, :mod:`harness.checks.mirror`),
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",
                   "measured_from": float|null, "resolution_s": float|null (how precisely the
