@@ -28,6 +28,9 @@ LOAD = LoadConfig(request_classes=[
     {"name": "json", "endpoint": "chat", "body": {"response_format": {"type": "json_object"}, "max_tokens": 32}},
     {"name": "lp", "body": {"logprobs": 1, "ignore_eos": True}},
     {"name": "chatlp", "endpoint": "chat", "body": {"logprobs": True, "ignore_eos": True}},
+    {"name": "tools", "endpoint": "chat", "body": {"tools": [{"type": "function", "function": {
+        "name": "lookup", "parameters": {"type": "object", "properties": {"w": {"type": "string"}},
+                                         "required": ["w"]}}}]}},
     {"name": "idle", "endpoint": "chat", "body": {"stop": "x"}},   # no request is sent: not judged
 ])
 PROMPTS = [Prompt(prompt_id=i, prompt_class="short", text=f"tell me {w}", prompt_tokens=3, max_tokens=10)
@@ -37,9 +40,9 @@ PROMPTS = [Prompt(prompt_id=i, prompt_class="short", text=f"tell me {w}", prompt
 EXPECTED = {
     None: (set(), set()),
     "stop_overrun": ({"integrity.classes.stop.stop"}, set()),
-    "drop_token": ({f"integrity.classes.{c}.usage" for c in ("stop", "json", "lp", "chatlp")},
+    "drop_token": ({f"integrity.classes.{c}.usage" for c in ("stop", "json", "lp", "chatlp", "tools")},
                    {"integrity.malformed", "integrity.false_success"}),   # (the client's ok counts no tokens)
-    "bad_json": ({"integrity.classes.json.structured"}, set()),
+    "bad_json": ({"integrity.classes.json.structured", "integrity.classes.tools.tool_calls"}, set()),
     "zero_logprobs": ({"integrity.classes.lp.logprobs", "integrity.classes.chatlp.logprobs"}, set()),
 }
 
@@ -69,11 +72,12 @@ def test_each_defect_fails_its_own_invariant_only(defect):
     failed = {c.name for c in checks if c.failed} - {"integrity.compared"}   # no reference in this test
     classes, run_wide = EXPECTED[defect]
     assert failed == classes | run_wide, [c.detail for c in checks if c.failed]
-    assert list(section) == ["stop", "json", "lp", "chatlp", "idle"]
-    for name in ("stop", "json", "lp", "chatlp"):
+    assert list(section) == ["stop", "json", "lp", "chatlp", "tools", "idle"]
+    for name in ("stop", "json", "lp", "chatlp", "tools"):
         assert section[name]["responses"] == len(PROMPTS) and section[name]["compared"] == 0
     assert set(section["json"]["invariants"]) == {"usage", "structured"}
     assert set(section["lp"]["invariants"]) == {"usage", "logprobs"}
+    assert set(section["tools"]["invariants"]) == {"usage", "tool_calls"}
     for c in checks:
         if c.failed and c.name.startswith("integrity.classes."):
             _, _, name, inv = c.name.split(".")

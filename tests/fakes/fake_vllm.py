@@ -54,7 +54,9 @@ only; chat: ``logprobs: true``, ``logprobs.content``; values in [-1, -0.001], a 
 the position); structured output (``response_format`` ``json_object``/``json_schema``,
 ``structured_outputs`` ``json``/``json_object``): the text is the JSON object
 ``{"w": "w<id> w<id> ..."}``, closed at output position :data:`STRUCTURED_TOKENS` - 1
-or at EOS (``finish_reason "stop"``). Test hooks: ``POST /exit?code=N`` (exit with that code
+or at EOS (``finish_reason "stop"``); a chat request with ``tools`` (and ``tool_choice``
+not ``"none"``) calls the first tool with that object as its arguments, streamed as
+``delta.tool_calls`` (``finish_reason "tool_calls"``). Test hooks: ``POST /exit?code=N`` (exit with that code
 50 ms later), ``GET /fake/requests`` (``{"bodies": [...], "flaky": {prompt: count}}``: the
 bodies of the completion requests received, and how many requests of the ``flaky``
 scenario each prompt text got), ``POST /fake/release`` (wakes the waiting scenarios).
@@ -169,7 +171,7 @@ STRUCTURED_TOKENS = 6   # a structured request's JSON object closes at this outp
 DEFECTS = {
     "stop_overrun": "a stop string's step is sent whole: the stop string and what follows it in the text",
     "drop_token": "the second chunk carrying tokens loses its first token (text, id, logprob); usage counts it",
-    "bad_json": "structured output closes its JSON object without the closing brace",
+    "bad_json": "structured output (and tool-call arguments) close the JSON object without the closing brace",
     "zero_logprobs": "every logprob sent is exactly 0",
 }
 ROLES = ("api", "engine", "worker")
@@ -673,8 +675,12 @@ class Output:
         self.stops = [x for x in ([stop] if isinstance(stop, str) else list(stop or [])) if x]
         rf = body.get("response_format") if isinstance(body.get("response_format"), dict) else {}
         so = body.get("structured_outputs") if isinstance(body.get("structured_outputs"), dict) else {}
-        self.structured = rf.get("type") in ("json_object", "json_schema") or bool(so.get("json") or
-                                                                                   so.get("json_object"))
+        tools = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
+        #: the tool a chat request with ``tools`` calls (the first), unless ``tool_choice`` is ``"none"``
+        self.tool = tools[0] if tools and body.get("tool_choice") != "none" else None
+        self.structured = (rf.get("type") in ("json_object", "json_schema") or bool(so.get("json") or
+                                                                                    so.get("json_object"))
+                           or self.tool is not None)
         self.logprobs = body.get("logprobs") not in (None, False)
         self.defect = defect
         self.full = ""        # the text of every token taken so far, before a cut
@@ -682,6 +688,7 @@ class Output:
         self.n = 0            # output positions taken (usage.completion_tokens)
         self.id_chunks = 0    # chunks that carried tokens
         self.stop_reason: str | None = None
+        self.tool_named = False   # the first tool-call delta (which names the function) was sent
 
     def piece(self, pos: int, tid: int) -> str:
         if not self.structured:
@@ -701,7 +708,7 @@ class Output:
             taken.append((tid, p))
             self.full += p
             if self.structured and (pos >= STRUCTURED_TOKENS - 1 or tid == EOS_ID):
-                finish = "stop"
+                finish = "tool_calls" if self.tool else "stop"
                 break
             hit = _first_stop(self.full, self.stops) if self.stops else None
             if hit is not None:
@@ -973,7 +980,8 @@ class Handler(BaseHTTPRequestHandler):
             text, ids, lps, finish = out.step(ev[1], ev[2])
             if finish is not None and ev[2] is None:
                 st.engine.cancel(req)   # cut here (a stop string, a closed object): the engine stops too
-            choice: dict[str, Any] = ({"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text})
+            choice: dict[str, Any] = ({"index": 0, "delta": self._delta(out, text)} if chat
+                                      else {"index": 0, "text": text})
             choice.update(logprobs=self._logprobs(ids, lps, chat) if out.logprobs else None, finish_reason=finish,
                           stop_reason=out.stop_reason if finish == "stop" else None)
             if token_ids:
@@ -988,6 +996,19 @@ class Handler(BaseHTTPRequestHandler):
             event({}, self._usage(req, out.n), choices=False)
         self._event("[DONE]")
         self._end()
+
+    @staticmethod
+    def _delta(out: Output, text: str) -> dict:
+        """A chat chunk's ``delta``: the text as ``content``, or for a tool call (``out.tool``)
+        as the call's ``arguments`` (the first delta also names the call and its function)."""
+        if out.tool is None:
+            return {"content": text}
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        if not out.tool_named:
+            out.tool_named = True
+            call.update(id=f"chatcmpl-tool-{os.urandom(8).hex()}", type="function")
+            call["function"]["name"] = out.tool
+        return {"tool_calls": [call]}
 
     @staticmethod
     def _logprobs(ids: list[int], lps: list[float], chat: bool) -> dict:

@@ -131,3 +131,12 @@ def test_the_plain_request_and_record_are_todays(fake):
     assert (r.request_class, r.endpoint, r.logprobs, r.tool_calls, r.stop_reason) == ("plain", "completions", None,
                                                                                      None, None)
     assert r.ok and r.top_logprobs is None
+
+
+def test_client_joins_a_streamed_tool_call(fake):
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    r = send(fake, RequestClass(name="tools", endpoint="chat", body={"tools": [tool]}))
+    assert r.ok and (r.finish_reason, r.text) == ("tool_calls", "")
+    (call,) = r.tool_calls
+    assert call["name"] == "lookup" and call["arguments"].startswith('{"w": "w') and call["arguments"].endswith('"}')
+    assert r.output_tokens == len(r.token_ids) == sum(r.chunk_tokens) > 1
