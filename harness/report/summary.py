@@ -216,6 +216,13 @@ def _tokens_per_step(report: dict[str, Any], phase: str) -> float | None:
     return (ph.get("total") or {}).get("mean_acceptance_length")
 
 
+def _acceptance_cell(t: dict[str, Any] | None, mark: str = "") -> str:
+    """``"rate / mean acceptance length"`` of a tally (``—`` when not measured)."""
+    if not t or t.get("acceptance_rate") is None:
+        return "—"
+    return f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}"
+
+
 def _acceptance_table(report: dict[str, Any]) -> RenderableType:
     """Client-side acceptance rate and mean acceptance length per bucket × sampling class × phase."""
     sec = report.get("acceptance_floor") or {}
@@ -232,13 +239,15 @@ def _acceptance_table(report: dict[str, Any]) -> RenderableType:
         cells = []
         for ph in _PHASES:
             t = (((sec["phases"].get(ph) or {}).get("buckets") or {}).get(bucket) or {}).get(cls)
-            if not t or t.get("acceptance_rate") is None:
-                cells.append("—")
-                continue
             f = floors.get((ph, bucket, cls)) or {}
-            mark = "" if not f.get("judged") else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
-            cells.append(f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}")
+            measured = bool(t) and t.get("acceptance_rate") is not None
+            mark = "" if not (f.get("judged") and measured) else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
+            cells.append(_acceptance_cell(t, mark))
         tab.add_row(bucket, cls, *cells)
+    # per request class (load.request_classes), every bucket and sampling class pooled
+    for name in sorted({c for ph in sec["phases"].values() for c in ph.get("request_classes") or {}}):
+        tab.add_row(f"class {name}", "all", *(_acceptance_cell(
+            ((sec["phases"].get(ph) or {}).get("request_classes") or {}).get(name)) for ph in _PHASES))
     notes = [str(sec["note"])] if sec.get("note") else []
     for c in sec.get("speculation_changes") or []:
         notes.append(f"speculative settings changed at {c['t']:.3f}: "

@@ -45,3 +45,6 @@ def test_request_classes_are_sent_and_judged_end_to_end(tmp_path):
     # the plain reference compares only the classes it predicts; the others are not_comparable
     assert rep["integrity"]["compared"] >= 10 and rep["integrity"]["mismatched"] == 0
     assert rep["integrity"]["not_comparable"] > 0
+    # acceptance per request class, beside per bucket and sampling class (the fake: greedy steps of k+1)
+    per_class = rep["acceptance_floor"]["request_classes"]
+    assert set(per_class) == {c["name"] for c in CLASSES} and per_class["plain"]["acceptance_rate"] > 0.5
