@@ -482,8 +482,9 @@ def classes_section(records: Iterable[RequestRecord], classes: Sequence[RequestC
 
     The reference of a response is the non-speculative server's finished response to the
     same request: mirror mode's load record to the reference server (``ref_records``) of
-    the same prompt, class and a greedy sampling class (``greedy``: deterministic), the
-    first such; a sampled response, or one without such a record (no mirror mode), has
+    the same prompt, class, conversation turn and a greedy sampling class (``greedy``:
+    deterministic), the first such (a later turn's reference carries the reference's own
+    earlier answers: equal when the earlier turns were); a sampled response, or one without such a record (no mirror mode), has
     none, and the reference invariants (``stop_cut``, ``logprobs_ref``) are not judged for
     it. The per-prompt reference fetch is a plain completion, no reference for a class."""
     greedy = set(greedy)
@@ -491,15 +492,15 @@ def classes_section(records: Iterable[RequestRecord], classes: Sequence[RequestC
     for r in records:
         if r.request_class in by_name and finished(r):
             by_name[r.request_class].append(r)
-    refs: dict[tuple[int, str], RequestRecord] = {}
+    refs: dict[tuple[int, str, int], RequestRecord] = {}
     for r in ref_records:
         if r.request_class in by_name and r.sampling in greedy and finished(r):
-            refs.setdefault((r.prompt_id, r.request_class), r)
+            refs.setdefault((r.prompt_id, r.request_class, r.turn), r)
     out = {}
     for c in classes:
         pairs = []
         for r in by_name[c.name]:
-            ref = refs.get((r.prompt_id, c.name)) if r.sampling in greedy else None
+            ref = refs.get((r.prompt_id, c.name, r.turn)) if r.sampling in greedy else None
             pairs.append((response_of(r, c.body), None if ref is None else response_of(ref, c.body)))
         out[c.name] = judge(pairs, decode)
     return out

@@ -48,7 +48,7 @@ from httpx_sse import EventSource, SSEError
 from harness import clock
 from harness.errors import LoadError
 from harness.net import LOOPBACK_HINT, is_loopback_host
-from harness.load.config import GREEDY, RequestClass, SamplingClass
+from harness.load.config import FOLLOW_UP, GREEDY, RequestClass, SamplingClass
 from harness.load.endpoints import ENDPOINTS, passed_through
 from harness.load.prompts import Prompt
 from harness.load.records import FINISH_REASONS, RequestRecord
@@ -91,21 +91,29 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
 
 
 def request_body(prompt: Prompt, model: str, ignore_eos: bool = False, sampling: SamplingClass | None = None,
-                 request_class: RequestClass | None = None) -> dict[str, Any]:
+                 request_class: RequestClass | None = None, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The JSON body of a streaming request of ``request_class`` for ``prompt``: the
     :func:`completion_body`, then for a chat class ``prompt`` (a completions field) replaced
-    by ``messages`` (the class body's own messages, then the prompt as the user's), then the
-    class body's fields (:func:`harness.load.endpoints.passed_through`), which win. Without a
-    class, or with an empty completions one, exactly :func:`completion_body`."""
+    by ``messages`` (the class body's own messages, the conversation's earlier turns
+    ``history``, then the user's message: the prompt, or after earlier turns
+    :data:`~harness.load.config.FOLLOW_UP`), then the class body's fields
+    (:func:`harness.load.endpoints.passed_through`), which win. Without a class, or with an
+    empty completions one, exactly :func:`completion_body`."""
     body = completion_body(prompt, model, ignore_eos, sampling)
     if request_class is None:
         return body
     extra = passed_through(request_class.body)
     if request_class.endpoint == "chat":
         del body["prompt"]
-        body["messages"] = [*extra.pop("messages", []), {"role": "user", "content": prompt.text}]
+        body["messages"] = [*extra.pop("messages", []), *history, user_message(prompt, history)]
     body.update(extra)
     return body
+
+
+def user_message(prompt: Prompt, history: Sequence[dict[str, Any]] = ()) -> dict[str, str]:
+    """The user's message of a chat turn after ``history`` (earlier turns' messages): the
+    prompt's text first, :data:`~harness.load.config.FOLLOW_UP` after."""
+    return {"role": "user", "content": FOLLOW_UP if history else prompt.text}
 
 
 def asked_max_tokens(body: dict[str, Any]) -> int:
@@ -259,6 +267,7 @@ def stream_completion(
     read_stamps: bool = False,
     top_logprobs: int = 0,
     request_class: RequestClass | None = None,
+    history: Sequence[dict[str, Any]] = (),
 ) -> RequestRecord:
     """Send one streaming completion and record the whole exchange.
 
@@ -291,6 +300,8 @@ def stream_completion(
             body fields (:func:`request_body`); its name, endpoint and, when its body asks
             for them, the per-token logprobs go into the record. None: a plain completion,
             recorded as class ``"plain"``.
+        history: a multi-turn chat class's earlier turns (user and assistant messages, in
+            order); the record's ``turn`` is ``len(history) // 2 + 1``.
 
     Returns:
         The record (see :class:`~harness.load.records.RequestRecord` for every field).
@@ -304,7 +315,7 @@ def stream_completion(
     endpoint = request_class.endpoint if request_class is not None else "completions"
     url = base_url.rstrip("/") + ENDPOINTS[endpoint]
     if request_class is not None:
-        body = request_body(prompt, model, ignore_eos, sampling, request_class)
+        body = request_body(prompt, model, ignore_eos, sampling, request_class, history)
     else:
         body = completion_body(prompt, model, ignore_eos, sampling, top_logprobs)
     rec = RequestRecord(
@@ -320,6 +331,7 @@ def stream_completion(
         logical_id=logical_id,
         request_class=request_class.name if request_class is not None else "plain",
         endpoint=endpoint,
+        turn=len(history) // 2 + 1,
     )
     if request_class is not None and body.get("logprobs") not in (None, False):
         rec.logprobs = []   # the class asks for logprobs: collect them (see _take_chunk)

@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.load.endpoints import HARNESS_FIELDS, Endpoint, body_problem
 
-__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
+__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "FOLLOW_UP", "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
            "DEFAULT_BUCKETS", "GREEDY"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -128,6 +128,9 @@ class SamplingClass(BaseModel):
         return out
 
 
+#: The user's message of every turn after the first of a multi-turn chat class (``turns``).
+FOLLOW_UP = "Please continue."
+
 #: Body fields a request class may not set, and who sets them instead.
 _NOT_IN_CLASS_BODY = {**{f: "the harness sets it (it names the served model and always streams with usage)"
                          for f in HARNESS_FIELDS},
@@ -161,7 +164,12 @@ class RequestClass(BaseModel):
     ``max_tokens``, ``ignore_eos``). Chat: the prompt is the last user message; ``body``'s
     own ``messages`` (a system prompt, earlier turns) come before it. ``body`` may not set
     ``model``, ``stream``, ``stream_options``, ``prompt``, ``temperature``, ``top_p``
-    (:func:`class_body_problem`)."""
+    (:func:`class_body_problem`).
+
+    ``turns`` (chat only): a conversation of that many requests; turn ``n`` > 1 carries every
+    earlier turn (the user's message and the answer's text) and asks :data:`FOLLOW_UP`, so
+    the server sees a growing shared prefix (prefix caching meets speculation). Each turn is
+    its own record (``turn``); a turn that failed ends the conversation."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -169,6 +177,7 @@ class RequestClass(BaseModel):
     weight: float = Field(1.0, gt=0)
     endpoint: Endpoint = "completions"
     body: dict[str, Any] = Field(default_factory=dict)
+    turns: int = Field(1, ge=1, le=16)
 
     @field_validator("name")
     @classmethod
@@ -178,6 +187,8 @@ class RequestClass(BaseModel):
     @model_validator(mode="after")
     def _sendable(self) -> "RequestClass":
         problem = class_body_problem(self.endpoint, self.body)
+        if problem is None and self.turns > 1 and self.endpoint != "chat":
+            problem = f"turns: {self.turns} turns need endpoint chat (a conversation is chat messages)"
         if problem is not None:
             raise ValueError(f"request class {self.name!r} ({self.endpoint}): {problem}")
         return self

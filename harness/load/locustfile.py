@@ -12,7 +12,8 @@ draws each request's sampling class by weight from its own seeded generator
 (``random.Random(f"sampling:{SPECCHAOS_SEED}:{user index}")``, so adding classes does
 not change the prompt walk), and its request class likewise
 (``random.Random(f"class:{SPECCHAOS_SEED}:{user index}")``): the class's endpoint and body
-fields (:func:`harness.load.client.request_body`).
+fields (:func:`harness.load.client.request_body`); a multi-turn chat class (``turns``) sends
+its turns one after the other, each carrying the earlier ones (:func:`send_conversation`).
 
 Mirror mode (``SPECCHAOS_MIRROR_HOST`` set): every step sends the same request (prompt
 and sampling class) to the speculative server (``--host``, records ``server="spec"``)
@@ -113,7 +114,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from pydantic import TypeAdapter, ValidationError
 
 from harness.errors import LoadError, first_error
-from harness.load.client import check_loopback_url, make_client, stream_completion
+from harness.load.client import check_loopback_url, make_client, stream_completion, user_message
 from harness.load.config import GREEDY, PLAIN, ProfileConfig, RequestClass, RetryConfig, SamplingClass
 from harness.load.endpoints import ENDPOINTS
 from harness.load.profiles import Walk, iter_arrivals, share, users_at
@@ -285,14 +286,16 @@ def record(environment, rec: RequestRecord) -> None:
 
 
 def send_logical(environment, client, target: tuple[str, str, str], prompt: Prompt, sampling: SamplingClass, *,
-                 user_id: int, rng: random.Random, request_class: RequestClass | None = None) -> bool:
-    """Every try of one logical request of ``request_class`` (None: plain completions) to
+                 user_id: int, rng: random.Random, request_class: RequestClass | None = None,
+                 history: tuple[dict, ...] = ()) -> RequestRecord | None:
+    """Every try of one logical request of ``request_class`` (None: plain completions; a
+    chat conversation's turn after ``history``) to
     one server (``target`` = ``(server, base URL, model)``) under ``SETTINGS.retry``: the first, then a retry after each retryable
     failure (:func:`harness.load.retry.retryable`), sleeping :func:`harness.load.retry.backoff_s`
     with ``rng``'s jitter, at most ``max_retries`` times. Each try is recorded.
 
     Returns:
-        Whether a try succeeded.
+        The record of the try that succeeded, None when none did.
 
     Raises:
         _Halt: the run is stopping or the request bound was reached (no try is sent then).
@@ -313,15 +316,37 @@ def send_logical(environment, client, target: tuple[str, str, str], prompt: Prom
             timeout_s=SETTINGS.request_timeout_s, source="load", user_id=user_id,
             ignore_eos=SETTINGS.ignore_eos, on_interrupt=lambda r: record(environment, r), server=server,
             sampling=sampling, attempt=attempt, logical_id=logical_id, read_stamps=SETTINGS.read_stamps,
-            request_class=request_class,
+            request_class=request_class, history=history,
         )
         record(environment, rec)
         if rec.ok:
-            return True
+            return rec
         if attempt > policy.max_retries or not retryable(rec):
-            return False
+            return None
         gevent.sleep(backoff_s(policy, attempt, rng))
-    return False
+    return None
+
+
+def send_conversation(environment, client, target: tuple[str, str, str], prompt: Prompt, sampling: SamplingClass,
+                      *, user_id: int, rng: random.Random, request_class: RequestClass | None = None) -> bool:
+    """One logical request (:func:`send_logical`), or for a multi-turn chat class
+    (``turns`` > 1) each turn in order, turn ``n`` carrying the earlier turns' user
+    messages and answers; a failed turn ends the conversation.
+
+    Returns:
+        Whether every turn succeeded.
+
+    Raises:
+        _Halt: as :func:`send_logical`.
+    """
+    history: tuple[dict, ...] = ()
+    for _ in range(request_class.turns if request_class is not None else 1):
+        rec = send_logical(environment, client, target, prompt, sampling, user_id=user_id, rng=rng,
+                           request_class=request_class, history=history)
+        if rec is None:
+            return False
+        history += (user_message(prompt, history), {"role": "assistant", "content": rec.text})
+    return True
 
 
 def targets(host: str, step: int, user_id: int) -> list[tuple[str, str, str]]:
@@ -405,8 +430,8 @@ class StreamingCompletionUser(User):
         all_ok = True
         for target in steps:
             try:
-                ok = send_logical(self.environment, self._client, target, prompt, sampling,
-                                  user_id=self.user_id, rng=self.retry_rng, request_class=request_class)
+                ok = send_conversation(self.environment, self._client, target, prompt, sampling,
+                                       user_id=self.user_id, rng=self.retry_rng, request_class=request_class)
             except _Halt:
                 raise StopUser() from None
             all_ok = all_ok and ok
@@ -544,8 +569,8 @@ class OpenLoopUser(User):
         rng = random.Random(f"retry:{SETTINGS.seed}:open:{i}")
         for target in targets(self.host, i, 0):
             try:
-                send_logical(self.environment, self._client, target, prompt, sampling, user_id=0, rng=rng,
-                             request_class=request_class)
+                send_conversation(self.environment, self._client, target, prompt, sampling, user_id=0, rng=rng,
+                                  request_class=request_class)
             except _Halt:
                 return
 

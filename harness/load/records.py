@@ -89,6 +89,8 @@ class RequestRecord:
             is None where the server sent null.
         tool_calls: chat: the streamed tool calls as ``[{"name", "arguments"}]``, each
             call's argument deltas joined (None when the server sent none).
+        turn: the request's turn in its conversation (1-based; a multi-turn chat class's
+            turn ``n`` carries the ``n - 1`` earlier ones); 1 for every other request.
     """
 
     request_id: str
@@ -124,6 +126,7 @@ class RequestRecord:
     stop_reason: str | int | None = None
     logprobs: list[float | None] | None = None
     tool_calls: list[dict] | None = None
+    turn: int = 1
 
     @property
     def logical(self) -> str:

@@ -1,6 +1,6 @@
 """Request classes through the whole experiment path on the fake vLLM (see
 :mod:`tests.experiment.fast_e2e`): plain, stop-string, chat JSON-object, logprobs and chat
-requests drawn per request under mirror mode and a kill; each class is judged by its
+requests and 3-turn conversations drawn per request under mirror mode and a kill; each class is judged by its
 invariants (``integrity.classes``), its greedy responses against the reference server's."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ CLASSES = [
     {"name": "lp", "body": {"logprobs": 1}},
     {"name": "chat", "endpoint": "chat", "body": {"logprobs": True,
                                                   "messages": [{"role": "system", "content": "be brief"}]}},
+    {"name": "talk", "endpoint": "chat", "turns": 3, "body": {"max_tokens": 8}},
 ]
 #: 8 users alternating between the servers (mirror mode), as tests/experiment/test_mirror_e2e.py.
 LOAD = {"users": 8, "spawn_rate": 8, "mirror": True, "request_classes": CLASSES}
@@ -31,7 +32,11 @@ def test_request_classes_are_sent_and_judged_end_to_end(tmp_path):
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
     recs = [r for r in read_records(out / "records.jsonl") if r.source == "load"]
     assert {r.request_class for r in recs} == {c["name"] for c in CLASSES}
-    assert {r.endpoint for r in recs if r.request_class in ("json", "chat")} == {"chat"}
+    assert {r.endpoint for r in recs if r.request_class in ("json", "chat", "talk")} == {"chat"}
+    talk = [r for r in recs if r.request_class == "talk" and r.ok]
+    assert {r.turn for r in talk} == {1, 2, 3} and {r.turn for r in recs if r.request_class != "talk"} == {1}
+    first = min(r.prompt_tokens for r in talk if r.turn == 1)
+    assert min(r.prompt_tokens for r in talk if r.turn == 3) > first   # each turn carries the earlier ones
     classes = rep["integrity"]["classes"]
     assert list(classes) == [c["name"] for c in CLASSES]
     judged = {name: {inv for inv, e in section["invariants"].items() if e["judged"]}

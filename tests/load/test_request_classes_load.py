@@ -9,7 +9,7 @@ import pytest
 from harness.errors import ExperimentError
 from harness.experiment.config import parse_config
 from harness.load.client import completion_body, make_client, request_body, stream_completion
-from harness.load.config import PLAIN, LoadConfig, RequestClass, SamplingClass
+from harness.load.config import FOLLOW_UP, PLAIN, LoadConfig, RequestClass, SamplingClass
 from harness.load.profiles import Walk, planned_requests
 from harness.load.prompts import Prompt
 
@@ -140,3 +140,18 @@ def test_client_joins_a_streamed_tool_call(fake):
     (call,) = r.tool_calls
     assert call["name"] == "lookup" and call["arguments"].startswith('{"w": "w') and call["arguments"].endswith('"}')
     assert r.output_tokens == len(r.token_ids) == sum(r.chunk_tokens) > 1
+
+
+def test_turns_need_chat():
+    assert "'t' (completions): turns: 3 turns need endpoint chat" in error([{"name": "t", "turns": 3}])
+    assert RequestClass(name="t", endpoint="chat", turns=3).turns == 3
+
+
+def test_a_later_turn_carries_the_earlier_ones(fake):
+    history = ({"role": "user", "content": PROMPT.text}, {"role": "assistant", "content": " w5 w6"})
+    body = request_body(PROMPT, "m", False, None, CHAT_LP, history)
+    assert body["messages"] == [CHAT_LP.body["messages"][0], *history, {"role": "user", "content": FOLLOW_UP}]
+    with make_client() as c:
+        r = stream_completion(c, fake.base_url, fake.served_model_name, PROMPT, timeout_s=10, request_class=CHAT_LP,
+                              history=history)
+    assert r.ok and r.turn == 2 and fake.bodies[-1]["messages"][1:] == body["messages"][1:]
