@@ -242,14 +242,15 @@ def plan_digest(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_R
 def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_REQUESTS) -> dict:
     """``report.json``'s (and ``run.json``'s) ``load``: the effective profile (a closed
     loop's ``users`` resolved), the effective retry policy
-    (:func:`harness.load.retry.describe`), ``error_backoff_s``, the seed, and the plan's
-    digest (:func:`plan_digest`) with what it covers."""
+    (:func:`harness.load.retry.describe`), ``error_backoff_s``, the seed, the plan's
+    digest (:func:`plan_digest`) with what it covers, and with ``load.request_classes``
+    ``request_classes``: ``[{"name", "weight", "endpoint", "turns"}]``."""
     profile = load.profile.model_dump()
     streams = 1
     if load.profile.kind == "closed":
         profile["users"] = load.closed_users()
         streams = max_users(load.profile, load.users)
-    return {
+    out = {
         "profile": profile,
         "retry": describe(load.retry),
         "error_backoff_s": load.error_backoff_s,
@@ -258,6 +259,10 @@ def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_
         "plan_covers": (f"prompt set ({len(prompts)} prompts) and the first {count} requests of "
                         + (f"each of {streams} users" if load.profile.kind == "closed" else "the arrivals")),
     }
+    if load.request_classes is not None:
+        out["request_classes"] = [c.model_dump(include={"name", "weight", "endpoint", "turns"})
+                                  for c in load.request_classes]
+    return out
 
 
 def share(total: int, n: int, index: int) -> int:

@@ -82,9 +82,16 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     return t
 
 
+def _class_label(c: dict[str, Any]) -> str:
+    """A request class in the workload line: ``"talk (chat, 3 turns, weight 1)"``."""
+    turns = f", {c['turns']} turns" if (c.get("turns") or 1) > 1 else ""
+    return f"{c.get('name')} ({c.get('endpoint')}{turns}, weight {_num(c.get('weight'))})"
+
+
 def workload_line(load: Any) -> str:
     """One line for ``report["load"]`` (:func:`harness.load.profiles.load_section`): the
-    profile, the retry policy and the plan digest (first 16 hex digits); ``""`` if absent."""
+    profile, the retry policy, the request classes when configured and the plan digest
+    (first 16 hex digits); ``""`` if absent."""
     if not isinstance(load, dict):
         return ""
     p = load.get("profile") or {}
@@ -103,6 +110,9 @@ def workload_line(load: Any) -> str:
         retry = "no retries"
     ol = load.get("open_loop") or {}
     dropped = f"; {ol.get('dropped', 0)}/{ol.get('arrivals', 0)} arrivals dropped" if ol else ""
+    classes = load.get("request_classes") or []
+    if classes:
+        dropped += "; classes " + ", ".join(_class_label(c) for c in classes)
     return f"workload: {what}; {retry}{dropped}; seed {load.get('seed')}, plan {str(load.get('plan_digest', ''))[:16]}"
 
 

@@ -10,8 +10,9 @@ from harness.errors import ExperimentError
 from harness.experiment.config import parse_config
 from harness.load.client import completion_body, make_client, request_body, stream_completion
 from harness.load.config import FOLLOW_UP, PLAIN, LoadConfig, RequestClass, SamplingClass
-from harness.load.profiles import Walk, planned_requests
+from harness.load.profiles import Walk, load_section, planned_requests
 from harness.load.prompts import Prompt
+from harness.report.summary import workload_line
 
 from tests.fakes import run_fake
 
@@ -81,10 +82,13 @@ def test_class_draws_are_seeded_and_leave_the_prompt_walk_and_sampling_alone():
     assert [other.next_class().name for _ in range(40)] != names
 
 
-def test_the_plan_names_each_requests_class():
-    lc = LoadConfig(users=2, request_classes=[{"name": "a"}, {"name": "b", "endpoint": "chat"}])
+def test_the_plan_and_the_workload_line_name_the_classes():
+    lc = LoadConfig(users=2, request_classes=[{"name": "a"}, {"name": "b", "endpoint": "chat", "turns": 2}])
     plan = planned_requests(lc, PROMPTS, 10)
     assert {p["request_class"] for p in plan} == {"a", "b"} and plan == planned_requests(lc, PROMPTS, 10)
+    line = workload_line(load_section(lc, PROMPTS))
+    assert "; classes a (completions, weight 1), b (chat, 2 turns, weight 1); seed 1234" in line
+    assert "classes" not in workload_line(load_section(LoadConfig(), PROMPTS))
 
 
 def test_chat_body_puts_the_prompt_last_and_the_class_fields_win():
