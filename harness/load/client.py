@@ -48,7 +48,7 @@ from httpx_sse import EventSource, SSEError
 from harness import clock
 from harness.errors import LoadError
 from harness.net import LOOPBACK_HINT, is_loopback_host
-from harness.load.config import FOLLOW_UP, GREEDY, RequestClass, SamplingClass
+from harness.load.config import FOLLOW_UP, GREEDY, RequestClass, SamplingClass, asked_max_tokens
 from harness.load.endpoints import ENDPOINTS, passed_through
 from harness.load.prompts import Prompt
 from harness.load.records import FINISH_REASONS, RequestRecord
@@ -114,12 +114,6 @@ def user_message(prompt: Prompt, history: Sequence[dict[str, Any]] = ()) -> dict
     """The user's message of a chat turn after ``history`` (earlier turns' messages): the
     prompt's text first, :data:`~harness.load.config.FOLLOW_UP` after."""
     return {"role": "user", "content": FOLLOW_UP if history else prompt.text}
-
-
-def asked_max_tokens(body: dict[str, Any]) -> int:
-    """The output length a body asks for at most (chat's ``max_completion_tokens`` wins
-    over ``max_tokens``, as in vLLM), 0 when neither is set."""
-    return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
 
 
 def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:

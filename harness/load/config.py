@@ -55,7 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.load.endpoints import HARNESS_FIELDS, Endpoint, body_problem
 
-__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "FOLLOW_UP", "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
+__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "FOLLOW_UP", "asked_max_tokens",
+           "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
            "DEFAULT_BUCKETS", "GREEDY"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -137,6 +138,12 @@ _NOT_IN_CLASS_BODY = {**{f: "the harness sets it (it names the served model and 
                       "prompt": "the prompt comes from the prompt set (load.buckets)",
                       "temperature": "sampling comes from load.sampling",
                       "top_p": "sampling comes from load.sampling"}
+
+
+def asked_max_tokens(body: dict[str, Any]) -> int:
+    """The output length a request body asks for at most (chat's ``max_completion_tokens``
+    wins over ``max_tokens``, as in vLLM), 0 when neither is set."""
+    return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
 
 
 def class_body_problem(endpoint: str, body: dict[str, Any]) -> str | None:
@@ -490,6 +497,19 @@ class LoadConfig(BaseModel):
         out = max(((s[0], s[4], self.bucket_max_tokens()[s[0]]) for s in self.bucket_specs() if s[5] > 0),
                   key=lambda t: t[1] + t[2], default=("", 0, 0))
         return out
+
+    def longest_conversation_tokens(self) -> tuple[str, int, int, int]:
+        """The request class whose longest request is longest, as ``(name, prompt tokens,
+        turns, max_tokens)``: the longest prompt of the buckets, and the class's own output
+        length (``max_completion_tokens``/``max_tokens`` of its body, else the buckets'
+        largest). Its last turn holds at least ``prompt + turns * max_tokens`` tokens (the
+        earlier answers and this one; the chat template and follow-ups come on top).
+        ``("", 0, 0, 0)`` without request classes or prompts."""
+        longest, bucket_out = self.longest_prompt_tokens(), max(self.bucket_max_tokens().values(), default=0)
+        if not longest or not self.request_classes:
+            return "", 0, 0, 0
+        c = max(self.request_classes, key=lambda c: c.turns * (asked_max_tokens(c.body) or bucket_out))
+        return c.name, longest, c.turns, asked_max_tokens(c.body) or bucket_out
 
     def closed_users(self) -> int:
         """The closed loop's (final) user count: ``profile.users``, else ``users``."""

@@ -691,6 +691,7 @@ class Output:
         self.tool_named = False   # the first tool-call delta (which names the function) was sent
 
     def piece(self, pos: int, tid: int) -> str:
+        """The text of token ``tid`` at output position ``pos`` (structured: a piece of the object)."""
         if not self.structured:
             return token_text(tid)
         if pos >= STRUCTURED_TOKENS - 1 or tid == EOS_ID:

@@ -159,3 +159,17 @@ def test_a_later_turn_carries_the_earlier_ones(fake):
         r = stream_completion(c, fake.base_url, fake.served_model_name, PROMPT, timeout_s=10, request_class=CHAT_LP,
                               history=history)
     assert r.ok and r.turn == 2 and fake.bodies[-1]["messages"][1:] == body["messages"][1:]
+
+
+@pytest.mark.parametrize("request_class, needle", [
+    ({"name": "big", "body": {"max_tokens": 600}}, "class big: the longest prompts (528 tokens) plus 1 turn(s) of 600"),
+    ({"name": "talk", "endpoint": "chat", "turns": 8, "body": {"max_completion_tokens": 64}}, "8 turn(s) of 64"),
+])
+def test_a_class_whose_requests_cannot_fit_the_context_is_refused(request_class, needle):
+    raw = {"load": {"request_classes": [{"name": "plain"}, request_class]}, "stack": {"max_model_len": 1024}}
+    with pytest.raises(ExperimentError) as ei:
+        parse_config(raw)
+    assert needle in ei.value.one_line() and "exceed stack.max_model_len (1024)" in ei.value.one_line()
+    raw["load"]["request_classes"][1]["turns" if "turns" in request_class else "body"] = (
+        7 if "turns" in request_class else {"max_tokens": 400})
+    parse_config(raw)
