@@ -201,17 +201,19 @@ def _latency_notes(report: dict[str, Any]) -> Text | None:
     return Text("\n".join(notes), style="dim") if notes else None
 
 
-def _bucket_table(report: dict[str, Any]) -> Table | None:
-    """Per phase × prompt-length bucket: n and p50/p95 in ms (``n=K`` below the minimum)."""
+def _group_table(report: dict[str, Any], key: str, what: str, col: str) -> Table | None:
+    """Per phase × group (``key``: ``"buckets"``, the prompt-length buckets, or
+    ``"request_classes"``; ``what`` names them in the title, ``col`` in the column): n and
+    p50/p95 in ms (``n=K`` below the minimum); None when no phase has such groups."""
     phases = report.get("phases") or {}
-    if not any((phases.get(ph) or {}).get("buckets") for ph in _PHASES):
+    if not any((phases.get(ph) or {}).get(key) for ph in _PHASES):
         return None
-    tab = Table(title="latency per prompt-length bucket in ms (p50/p95)", title_justify="left")
-    for col in ("phase", "bucket", "n", "TTFT", "TPOT", "ITL/chunk", "ITL/token", "E2E"):
-        tab.add_column(col, justify="left" if col in ("phase", "bucket") else "right")
+    tab = Table(title=f"latency per {what} in ms (p50/p95)", title_justify="left")
+    for name in ("phase", col, "n", "TTFT", "TPOT", "ITL/chunk", "ITL/token", "E2E"):
+        tab.add_column(name, justify="left" if name in ("phase", col) else "right")
     for ph in _PHASES:
-        for bucket, m in ((phases.get(ph) or {}).get("buckets") or {}).items():
-            tab.add_row(ph, bucket, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
+        for group, m in ((phases.get(ph) or {}).get(key) or {}).items():
+            tab.add_row(ph, group, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
                         style=None if _enough(m) else "dim")
     return tab
 
@@ -385,9 +387,10 @@ def render_summary(report: dict[str, Any]) -> RenderableType:
     notes = _latency_notes(report)
     if notes is not None:
         parts.append(notes)
-    bucket = _bucket_table(report)
-    if bucket is not None:
-        parts.append(bucket)
+    for key, what, col in (("buckets", "prompt-length bucket", "bucket"), ("request_classes", "request class", "class")):
+        table = _group_table(report, key, what, col)
+        if table is not None:
+            parts.append(table)
     parts.append(_acceptance_table(report))
     for optional in (_speculation_table(report), _mirror_table(report)):
         if optional is not None:

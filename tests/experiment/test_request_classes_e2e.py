@@ -53,3 +53,5 @@ def test_request_classes_are_sent_and_judged_end_to_end(tmp_path):
     # acceptance per request class, beside per bucket and sampling class (the fake: greedy steps of k+1)
     per_class = rep["acceptance_floor"]["request_classes"]
     assert set(per_class) == {c["name"] for c in CLASSES} and per_class["plain"]["acceptance_rate"] > 0.5
+    # and latency per request class, per phase
+    assert set(rep["phases"]["baseline"]["request_classes"]) == {c["name"] for c in CLASSES}
