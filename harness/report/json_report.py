@@ -21,6 +21,7 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                         "e2e_s": {"n", "mean", "p50", "p90", "p95", "p99", "p99.9"},
                         "latency_window": {"first_send", "last_send", "outage_start", "outage_end", "sent_after_outage_start"},
                         "buckets": {prompt_class: {"tries", "complete", "enough_samples", "ttft_s", ...}},
+                        "request_classes": {request_class: {...as buckets}} (with load.request_classes),
                         "output_tokens", "output_tokens_per_s" (arriving in the window),
                         "total_output_tokens", "output_throughput_tps" (vLLM's),
                         "request_throughput_rps", "goodput_rps", "mean_tokens_per_chunk"}},
@@ -60,7 +61,8 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
      "steady_state": {...}, "generated_at": float,
-     "acceptance_floor": {"source": "client", "num_speculative_tokens", "total", "buckets", "phases", "floors",
+     "acceptance_floor": {"source": "client", "num_speculative_tokens", "total", "buckets",
+                          "request_classes" (with load.request_classes), "phases", "floors",
                           "note"} (harness.checks.acceptance_floor.section)}
 """
 
