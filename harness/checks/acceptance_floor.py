@@ -122,6 +122,8 @@ def _judged(run: RecordedRun) -> dict[str, Any]:
                     "speculation_changes": table["speculation_changes"],
                     "floors": rows, "judged": bool(checks), "checks": checks,
                     "note": None if checks else f"nothing judged: {reasons}"})
+        if "request_classes" in table:   # load.request_classes: acceptance per class too
+            out["request_classes"] = table["request_classes"]
     run.memo[_MEMO] = out
     return out
 
@@ -134,8 +136,8 @@ def check(run: RecordedRun) -> list[CheckResult]:
 def section(run: RecordedRun) -> dict[str, Any]:
     """``report.json["acceptance_floor"]``: ``{"source": "client", "method",
     "num_speculative_tokens", "step_gap_s", "judged", "note", "total", "buckets":
-    {bucket: {sampling: T}}, "phases": {phase: {"total": T, "buckets": ...}}, "floors":
-    [...]}`` with ``T`` as :meth:`harness.metrics.client_acceptance.Tally.to_dict`
+    {bucket: {sampling: T}}, "request_classes": {class: T} (with request classes), "phases":
+    {phase: {"total": T, "buckets": ..., "request_classes": ...}}, "floors": [...]}`` with ``T`` as :meth:`harness.metrics.client_acceptance.Tally.to_dict`
     (acceptance rate, mean acceptance length in tokens per step, per-position acceptance);
     ``total``/``buckets``/``phases``/``floors`` are absent when there is no speculation."""
     return {k: v for k, v in _judged(run).items() if k != "checks"}

@@ -5,7 +5,10 @@ Three defects are judged here, from request records alone:
 * **mismatched** — a complete greedy response that differs from the non-speculative
   reference for the same prompt (speculative decoding must not change greedy output).
   Only requests of a greedy sampling class (temperature 0, ``load.sampling``) are
-  compared; sampled ones are counted as ``not_comparable``, never as mismatches. A
+  compared; sampled ones are counted as ``not_comparable``, never as mismatches, and so
+  are those of a request class whose body changes the output (a stop string, chat,
+  structured output: :func:`harness.load.config.reference_comparable`), since the
+  reference is a plain completion. A
   difference whose first token was a **near-tie** at the reference (the response's token
   was the reference server's runner-up there, within ``integrity.tie_logprob_margin``
   nats of its choice) is counted as ``near_ties`` instead: greedy decoding is exact only
@@ -17,6 +20,13 @@ Three defects are judged here, from request records alone:
   ≠ ``usage.completion_tokens``, token ids ≠ usage, a broken length limit);
 * **false success** — a record the client labelled ``ok=True`` that is not complete
   (e.g. a stream cut by a kill reported as a success).
+
+With ``load.request_classes``, each class's finished responses are also judged by the
+invariants its body asks for (stop strings, usage, structured output, tool calls,
+logprobs: :mod:`harness.checks.request_classes`), and in mirror mode its greedy responses
+against the reference server's to the same request (the same stop cut, logprobs within a
+tolerance): ``integrity.classes.NAME`` in the section, a check
+``integrity.classes.NAME.INVARIANT`` each.
 
 A response presented as finished but incomplete while the harness itself was stopping its
 server for a planned restart (:func:`planned_stop_windows`: a draft swap, the speculation
@@ -35,7 +45,9 @@ import dataclasses
 import logging
 from typing import Iterable, Sequence
 
+from harness.checks import request_classes
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.diff import divergence_index
 from harness.load.records import RequestRecord, is_complete, presented_finished
 
 __all__ = [
@@ -51,18 +63,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _EXAMPLES = 5
-
-
-def divergence_index(got: Sequence, expected: Sequence) -> int | None:
-    """Index of the first position where two sequences differ, ``None`` if equal.
-
-    A strict prefix diverges at the shorter length."""
-    for i, (a, b) in enumerate(zip(got, expected)):
-        if a != b:
-            return i
-    if len(got) != len(expected):
-        return min(len(got), len(expected))
-    return None
 
 
 def _at(seq: Sequence, i: int) -> str:
@@ -153,6 +153,7 @@ def integrity_checks(
     records: Iterable[RequestRecord], reference: dict[int, RequestRecord], min_compared: int,
     greedy: Iterable[str] | None = None, tie_margin: float = 0.0,
     planned_stops: Sequence[tuple[str, float, float]] = (),
+    comparable: Iterable[str] | None = None,
 ) -> tuple[list[CheckResult], dict]:
     """Judge sequence integrity of load records against the non-speculative reference.
 
@@ -171,6 +172,9 @@ def integrity_checks(
         planned_stops: :func:`planned_stop_windows` of the run; a response presented as
             finished but incomplete on the wire during its server's window is counted
             ``cut_by_planned_stop``, not malformed (module doc). Default: none.
+        comparable: names of the request classes the plain reference predicts
+            (:meth:`harness.load.config.LoadConfig.comparable_classes`); a complete record
+            of another class is counted ``not_comparable``. Default: every class.
 
     Returns:
         ``(checks, summary)``: checks ``integrity.mismatched == 0``,
@@ -190,6 +194,7 @@ def integrity_checks(
             log.warning("reference for prompt %s is not complete (%s); not compared", pid, why)
 
     greedy_names = {"greedy"} if greedy is None else set(greedy)
+    comparable_names = None if comparable is None else set(comparable)
     compared = mismatched = malformed = false_success = not_comparable = near_ties = cut = 0
     first: str | None = None
     examples: dict[str, list[dict]] = {"mismatched": [], "near_ties": [], "malformed": [], "false_success": [],
@@ -212,7 +217,8 @@ def integrity_checks(
                 false_success += 1
                 note("false_success", r, why)
             continue
-        if r.sampling not in greedy_names:
+        other_class = comparable_names is not None and r.request_class not in comparable_names
+        if r.sampling not in greedy_names or other_class:
             not_comparable += 1
             continue
         ref = refs.get(r.prompt_id)
@@ -274,9 +280,16 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
         load = getattr(run.limits, "load", None)   # the sampling classes, when the limits carry them
         greedy = load.greedy_classes() if load is not None else None
         cfg = run.limits.integrity
-        run.memo["integrity"] = integrity_checks(run.records, run.reference, cfg.min_compared, greedy=greedy,
-                                                 tie_margin=cfg.tie_logprob_margin,
-                                                 planned_stops=planned_stop_windows(run.events))
+        classes = getattr(load, "request_classes", None)
+        checks, summary = integrity_checks(run.records, run.reference, cfg.min_compared, greedy=greedy,
+                                           tie_margin=cfg.tie_logprob_margin,
+                                           planned_stops=planned_stop_windows(run.events),
+                                           comparable=load.comparable_classes() if classes else None)
+        if classes:   # configured request classes: each judged by its invariants (module doc)
+            summary["classes"] = request_classes.classes_section(run.records, classes, ref_records=run.ref_records,
+                                                                 greedy=load.greedy_classes())
+            checks = checks + request_classes.classes_checks(summary["classes"], classes)
+        run.memo["integrity"] = checks, summary
     return run.memo["integrity"]
 
 

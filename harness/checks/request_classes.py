@@ -54,7 +54,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jsonschema
 
 from harness.checks.base import CheckResult
-from harness.checks.integrity import divergence_index
+from harness.checks.diff import divergence_index
+from harness.load.config import RequestClass
+from harness.load.records import FINISH_REASONS, RequestRecord, presented_finished
 
 __all__ = [
     "INVARIANTS",
@@ -62,11 +64,14 @@ __all__ = [
     "Response",
     "applicable",
     "class_checks",
+    "classes_checks",
+    "classes_section",
     "first_stop",
     "ids_text",
     "judge",
     "logprob_problems",
     "logprob_reference_problems",
+    "response_of",
     "stop_cut_problems",
     "stop_problems",
     "stops_of",
@@ -448,4 +453,72 @@ def class_checks(name: str, section: Mapping[str, Any]) -> list[CheckResult]:
         if first:
             detail += f"; first: {first['request_id']}: {first['detail']}"
         out.append(CheckResult(f"integrity.classes.{name}.{inv}", "integrity", n == 0, n, 0, detail))
+    return out
+
+
+# -------------------------------------------------------------------- a run's classes
+def response_of(r: RequestRecord, body: Mapping[str, Any]) -> Response:
+    """The :class:`Response` of a load record of a class with ``body``: its text, token
+    ids, finish and stop reasons, ``usage.completion_tokens`` (``output_tokens``), the
+    tokens its chunks carried, its logprobs and tool calls."""
+    return Response(request_id=r.request_id, body=body, text=r.text, token_ids=r.token_ids,
+                    finish_reason=r.finish_reason, stop_reason=r.stop_reason, completion_tokens=r.output_tokens,
+                    delivered_tokens=sum(r.chunk_tokens), logprobs=r.logprobs, tool_calls=r.tool_calls)
+
+
+def finished(r: RequestRecord) -> bool:
+    """Whether a record is judged by its class's invariants: the server presented it as
+    finished (:func:`harness.load.records.presented_finished`) with a finish reason of a
+    complete response. A response that is also internally inconsistent is judged all the
+    same (the ``usage`` invariant names what ``integrity.malformed`` counts)."""
+    return presented_finished(r) and r.finish_reason in FINISH_REASONS
+
+
+def classes_section(records: Iterable[RequestRecord], classes: Sequence[RequestClass],
+                    decode: Decode | None = None, ref_records: Iterable[RequestRecord] = (),
+                    greedy: Iterable[str] = ("greedy",)) -> dict[str, dict[str, Any]]:
+    """``report.json``'s ``integrity.classes``: per configured request class (in order),
+    :func:`judge` over the :func:`finished` records of that class.
+
+    The reference of a response is the non-speculative server's finished response to the
+    same request: mirror mode's load record to the reference server (``ref_records``) of
+    the same prompt, class, conversation turn and a greedy sampling class (``greedy``:
+    deterministic), the first such (a later turn's reference carries the reference's own
+    earlier answers: equal when the earlier turns were); a sampled response, or one without such a record (no mirror mode), has
+    none, and the reference invariants (``stop_cut``, ``logprobs_ref``) are not judged for
+    it. The per-prompt reference fetch is a plain completion, no reference for a class."""
+    greedy = set(greedy)
+    by_name: dict[str, list[RequestRecord]] = {c.name: [] for c in classes}
+    for r in records:
+        if r.request_class in by_name and finished(r):
+            by_name[r.request_class].append(r)
+    refs: dict[tuple[int, str, int], RequestRecord] = {}
+    for r in ref_records:
+        if r.request_class in by_name and r.sampling in greedy and finished(r):
+            refs.setdefault((r.prompt_id, r.request_class, r.turn), r)
+    out = {}
+    for c in classes:
+        pairs = []
+        for r in by_name[c.name]:
+            ref = refs.get((r.prompt_id, c.name, r.turn)) if r.sampling in greedy else None
+            pairs.append((response_of(r, c.body), None if ref is None else response_of(ref, c.body)))
+        out[c.name] = judge(pairs, decode)
+    return out
+
+
+def classes_checks(section: Mapping[str, Mapping[str, Any]], classes: Sequence[RequestClass],
+                   decode: Decode | None = None) -> list[CheckResult]:
+    """One check per request class and invariant (:func:`class_checks`); an invariant the
+    class's body asks for that judged no response (no finished response of the class, or
+    none it applies to) is a not-judged check, so a class that was never answered shows."""
+    out: list[CheckResult] = []
+    for c in classes:
+        entry = section.get(c.name, {})
+        out += class_checks(c.name, entry)
+        judged = set(entry.get("invariants", {}))
+        for inv in applicable(c.body):
+            if inv not in judged and (inv != "text" or decode is not None):
+                out.append(CheckResult.not_judged(
+                    f"integrity.classes.{c.name}.{inv}", "integrity", 0, 0,
+                    f"no finished {c.name} response to judge {inv} on ({entry.get('responses', 0)} finished)"))
     return out

@@ -99,6 +99,12 @@ class SpecchaosConfig(BaseModel):
             raise ValueError(f"load.buckets: the longest prompts ({longest} tokens) plus {what} exceed "
                              f"stack.max_model_len ({self.stack.max_model_len}) in bucket {name}: shorten the "
                              f"bucket or raise stack.max_model_len")
+        name, longest, turns, out = self.load.longest_conversation_tokens()
+        if longest + turns * out > self.stack.max_model_len:
+            raise ValueError(f"load.request_classes: class {name}: the longest prompts ({longest} tokens) plus "
+                             f"{turns} turn(s) of {out} output tokens exceed stack.max_model_len "
+                             f"({self.stack.max_model_len}): lower the class's max_tokens or turns, or raise "
+                             f"stack.max_model_len")
         return self
 
 

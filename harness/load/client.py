@@ -1,7 +1,8 @@
 """The one streaming client: locust users, the reference fetch and liveness probes all use it.
 
 One request is a streaming ``POST /v1/completions`` (greedy unless a sampling class says otherwise) (OpenAI completions API as
-served by vLLM) whose whole exchange becomes one :class:`~harness.load.records.RequestRecord`.
+served by vLLM), or ``POST /v1/chat/completions`` for a chat request class
+(:func:`request_body`), whose whole exchange becomes one :class:`~harness.load.records.RequestRecord`.
 Server and network faults never raise: they become ``record.error`` (classes documented
 in :mod:`harness.load.records`). SSE is parsed with ``httpx-sse``.
 
@@ -15,7 +16,7 @@ itself. So neither the load process's wait for a core nor the parsing delays a s
 Errors and timeouts are timed with :func:`time.perf_counter` when the client sees them.
 An output chunk is an SSE event whose first choice carries output tokens: its token
 count is ``len(choice["token_ids"])`` (``return_token_ids``), or 1 for a non-empty
-``text`` when the server sent no ``token_ids``.
+``text`` (chat: ``delta.content`` or a ``delta.tool_calls``) when the server sent no ``token_ids``.
 
 Connections: after ``data: [DONE]`` the client reads the body to its end (the chunked
 terminator vLLM's server sends right after it), as the OpenAI Python SDK does, so the
@@ -47,9 +48,10 @@ from httpx_sse import EventSource, SSEError
 from harness import clock
 from harness.errors import LoadError
 from harness.net import LOOPBACK_HINT, is_loopback_host
-from harness.load.config import GREEDY, SamplingClass
+from harness.load.config import FOLLOW_UP, GREEDY, RequestClass, SamplingClass, asked_max_tokens
+from harness.load.endpoints import ENDPOINTS, passed_through
 from harness.load.prompts import Prompt
-from harness.load.records import RequestRecord
+from harness.load.records import FINISH_REASONS, RequestRecord
 from harness.load.rxstamp import last_rx_s, make_transport
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,32 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
     if top_logprobs > 0:
         body.update(logprobs=top_logprobs, return_tokens_as_token_ids=True)
     return body
+
+
+def request_body(prompt: Prompt, model: str, ignore_eos: bool = False, sampling: SamplingClass | None = None,
+                 request_class: RequestClass | None = None, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The JSON body of a streaming request of ``request_class`` for ``prompt``: the
+    :func:`completion_body`, then for a chat class ``prompt`` (a completions field) replaced
+    by ``messages`` (the class body's own messages, the conversation's earlier turns
+    ``history``, then the user's message: the prompt, or after earlier turns
+    :data:`~harness.load.config.FOLLOW_UP`), then the class body's fields
+    (:func:`harness.load.endpoints.passed_through`), which win. Without a class, or with an
+    empty completions one, exactly :func:`completion_body`."""
+    body = completion_body(prompt, model, ignore_eos, sampling)
+    if request_class is None:
+        return body
+    extra = passed_through(request_class.body)
+    if request_class.endpoint == "chat":
+        del body["prompt"]
+        body["messages"] = [*extra.pop("messages", []), *history, user_message(prompt, history)]
+    body.update(extra)
+    return body
+
+
+def user_message(prompt: Prompt, history: Sequence[dict[str, Any]] = ()) -> dict[str, str]:
+    """The user's message of a chat turn after ``history`` (earlier turns' messages): the
+    prompt's text first, :data:`~harness.load.config.FOLLOW_UP` after."""
+    return {"role": "user", "content": FOLLOW_UP if history else prompt.text}
 
 
 def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
@@ -232,6 +260,8 @@ def stream_completion(
     logical_id: str = "",
     read_stamps: bool = False,
     top_logprobs: int = 0,
+    request_class: RequestClass | None = None,
+    history: Sequence[dict[str, Any]] = (),
 ) -> RequestRecord:
     """Send one streaming completion and record the whole exchange.
 
@@ -260,6 +290,12 @@ def stream_completion(
             record's ``read_offsets_s`` and ``e2e_read_s``; ``load.read_stamps``).
         top_logprobs: ask for that many most likely tokens per output position (the
             record's ``top_logprobs``; 0: none asked, the field stays None).
+        request_class: the request's class (``load.request_classes``): its endpoint and
+            body fields (:func:`request_body`); its name, endpoint and, when its body asks
+            for them, the per-token logprobs go into the record. None: a plain completion,
+            recorded as class ``"plain"``.
+        history: a multi-turn chat class's earlier turns (user and assistant messages, in
+            order); the record's ``turn`` is ``len(history) // 2 + 1``.
 
     Returns:
         The record (see :class:`~harness.load.records.RequestRecord` for every field).
@@ -270,20 +306,29 @@ def stream_completion(
             network faults.
     """
     check_loopback_url(base_url)
-    url = base_url.rstrip("/") + COMPLETIONS_PATH
+    endpoint = request_class.endpoint if request_class is not None else "completions"
+    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+    if request_class is not None:
+        body = request_body(prompt, model, ignore_eos, sampling, request_class, history)
+    else:
+        body = completion_body(prompt, model, ignore_eos, sampling, top_logprobs)
     rec = RequestRecord(
         request_id=uuid.uuid4().hex,
         source=source,
         user_id=user_id,
         prompt_id=prompt.prompt_id,
         prompt_class=prompt.prompt_class,
-        max_tokens=prompt.max_tokens,
+        max_tokens=asked_max_tokens(body) or prompt.max_tokens,
         server=server,
         sampling=(sampling or GREEDY).name,
         attempt=attempt,
         logical_id=logical_id,
+        request_class=request_class.name if request_class is not None else "plain",
+        endpoint=endpoint,
+        turn=len(history) // 2 + 1,
     )
-    body = completion_body(prompt, model, ignore_eos, sampling, top_logprobs)
+    if request_class is not None and body.get("logprobs") not in (None, False):
+        rec.logprobs = []   # the class asks for logprobs: collect them (see _take_chunk)
     rec.send_time = clock.now()
     t0 = time.perf_counter()
     guard = _Deadline(t0 + timeout_s)
@@ -402,7 +447,7 @@ def _read_stream(response: httpx.Response, rec: RequestRecord, arrival: Callable
             fail("stream_cut", "connection closed before data: [DONE]")
         elif rec.finish_reason is None:
             fail("bad_payload", "stream ended with [DONE] but no finish_reason")
-        elif rec.finish_reason not in ("stop", "length"):
+        elif rec.finish_reason not in FINISH_REASONS:
             # vLLM ends the streams in flight with finish_reason "abort" when it shuts down
             # (SIGTERM, e.g. a planned restart): a cut response, never a success
             fail("aborted", f"the server ended the stream with finish_reason {rec.finish_reason!r}")
@@ -423,8 +468,11 @@ def _drain(events: Iterator[Any], guard: _Deadline) -> None:
 
 
 def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], read: float = 0.0) -> None:
-    """Fold one completion chunk (``choices[0]`` and ``usage``) arriving at offset ``t``
-    (parsed at offset ``read``, kept when the record has ``read_offsets_s``) into ``rec``."""
+    """Fold one chunk (``choices[0]`` and ``usage``) arriving at offset ``t`` (parsed at
+    offset ``read``, kept when the record has ``read_offsets_s``) into ``rec``: a completion
+    chunk's ``text``, a chat chunk's ``delta.content`` and ``delta.tool_calls``; either's
+    ``token_ids``, ``logprobs`` (when the record collects them), ``finish_reason`` and
+    ``stop_reason``."""
     usage = payload.get("usage")
     if isinstance(usage, dict):
         if usage.get("completion_tokens") is not None:
@@ -437,9 +485,12 @@ def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], r
     for choice in choices:
         if int(choice.get("index", 0)) != 0:
             continue
-        text = choice.get("text") or ""
+        delta = choice.get("delta") if rec.endpoint == "chat" else None
+        text = (delta or {}).get("content") if rec.endpoint == "chat" else choice.get("text")
+        text = text or ""
         if not isinstance(text, str):
             raise ValueError("text is not a string")
+        calls = _take_tool_calls((delta or {}).get("tool_calls"), rec)
         ids = choice.get("token_ids")
         if ids is not None:
             ids = [int(i) for i in ids]
@@ -448,13 +499,16 @@ def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], r
             rec.token_ids.extend(ids)
             n = len(ids)
         else:
-            n = 1 if text else 0
+            n = 1 if text or calls else 0
         texts.append(text)
-        top = (choice.get("logprobs") or {}).get("top_logprobs")
+        logprobs = choice.get("logprobs") or {}
+        top = logprobs.get("top_logprobs") if rec.endpoint == "completions" else None
         if top:
             if rec.top_logprobs is None:
                 rec.top_logprobs = []
             rec.top_logprobs.extend(_ranked(position) for position in top)
+        if rec.logprobs is not None:
+            rec.logprobs.extend(_chosen_logprobs(logprobs, rec.endpoint))
         if n:
             rec.chunk_offsets_s.append(t)
             rec.chunk_tokens.append(n)
@@ -464,6 +518,38 @@ def _take_chunk(payload: dict, t: float, rec: RequestRecord, texts: list[str], r
                 rec.ttft_s = t
         if choice.get("finish_reason") is not None:
             rec.finish_reason = str(choice["finish_reason"])
+        if choice.get("stop_reason") is not None:
+            rec.stop_reason = choice["stop_reason"]
+
+
+def _chosen_logprobs(logprobs: dict, endpoint: str) -> list[float | None]:
+    """The chosen tokens' logprobs of one chunk: completions ``token_logprobs``, chat
+    ``content[i].logprob`` (None where the server sent null or no number)."""
+    if endpoint == "chat":
+        values = [entry.get("logprob") if isinstance(entry, dict) else None for entry in logprobs.get("content") or []]
+    else:
+        values = list(logprobs.get("token_logprobs") or [])
+    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+
+
+def _take_tool_calls(deltas: Any, rec: RequestRecord) -> bool:
+    """Fold a chat chunk's ``delta.tool_calls`` into ``rec.tool_calls`` (by ``index``: a
+    call's name, then its arguments in pieces); True when the chunk carried any."""
+    if not deltas:
+        return False
+    if not isinstance(deltas, list):
+        raise ValueError("delta.tool_calls is not a list")
+    calls = rec.tool_calls if rec.tool_calls is not None else []
+    rec.tool_calls = calls
+    for d in deltas:
+        i = int(d.get("index", len(calls)))
+        while len(calls) <= i:
+            calls.append({"name": None, "arguments": ""})
+        fn = d.get("function") or {}
+        if fn.get("name"):
+            calls[i]["name"] = fn["name"]
+        calls[i]["arguments"] += fn.get("arguments") or ""
+    return True
 
 
 def _ranked(position: dict | None) -> list[list[float]]:

@@ -14,6 +14,14 @@ Three workload options shape what a request is:
 * ``sampling``: the sampling classes, ``{name, temperature, top_p, weight}``; each request
   draws one (seeded, by weight). Default: ``greedy`` only (temperature 0). Only greedy
   requests can be compared token for token with the reference.
+* ``request_classes``: the request classes, ``{name, weight, endpoint, body}``: each
+  request draws one (seeded, by weight, beside its sampling class) and is sent to the
+  class's endpoint (``completions``: ``/v1/completions``; ``chat``: ``/v1/chat/completions``)
+  with the class's ``body`` fields added (stop, max_tokens, ignore_eos, seed, logprobs,
+  response_format, structured_outputs, tools...; :mod:`harness.load.endpoints` says what
+  each endpoint takes). Default (absent): one implicit ``plain`` completions class with an
+  empty body, today's requests. Each class's responses are judged by the integrity
+  invariants its body asks for (:mod:`harness.checks.request_classes`).
 * ``mirror``: send the same seeded workload to the speculative and the reference server,
   interleaved (needs ``stack.reference``), so speculative and plain latency are measured
   in the same run.
@@ -41,11 +49,14 @@ from __future__ import annotations
 
 import re
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
+from harness.load.endpoints import HARNESS_FIELDS, Endpoint, body_problem
+
+__all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "FOLLOW_UP", "asked_max_tokens",
+           "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
            "DEFAULT_BUCKETS", "GREEDY"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -116,6 +127,95 @@ class SamplingClass(BaseModel):
         if self.top_p != 1.0:
             out["top_p"] = self.top_p
         return out
+
+
+#: The user's message of every turn after the first of a multi-turn chat class (``turns``).
+FOLLOW_UP = "Please continue."
+
+#: Body fields a request class may not set, and who sets them instead.
+_NOT_IN_CLASS_BODY = {**{f: "the harness sets it (it names the served model and always streams with usage)"
+                         for f in HARNESS_FIELDS},
+                      "prompt": "the prompt comes from the prompt set (load.buckets)",
+                      "temperature": "sampling comes from load.sampling",
+                      "top_p": "sampling comes from load.sampling"}
+
+
+def asked_max_tokens(body: dict[str, Any]) -> int:
+    """The output length a request body asks for at most (chat's ``max_completion_tokens``
+    wins over ``max_tokens``, as in vLLM), 0 when neither is set."""
+    return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+
+
+def class_body_problem(endpoint: str, body: dict[str, Any]) -> str | None:
+    """The first reason a request class's ``body`` cannot be sent to ``endpoint``, naming
+    the field (``"body.tools: belongs to /v1/chat/completions, not /v1/completions"``), or
+    None. The prompt (completions) or the user message (chat) is added per request, so a
+    placeholder stands for it here; :func:`harness.load.endpoints.body_problem` judges the rest."""
+    for field in sorted(set(body) & set(_NOT_IN_CLASS_BODY)):
+        return f"body.{field}: not allowed in a request class, {_NOT_IN_CLASS_BODY[field]}"
+    filled = dict(body)
+    if endpoint == "completions":
+        filled["prompt"] = "x"
+    elif endpoint == "chat":
+        filled["messages"] = [*(body.get("messages") or []), {"role": "user", "content": "x"}] \
+            if isinstance(body.get("messages", []), list) else body["messages"]
+    problem = body_problem(endpoint, filled)
+    return None if problem is None else f"body.{problem}"
+
+
+class RequestClass(BaseModel):
+    """One request class of the workload: ``weight`` is its relative share of the requests
+    (> 0); each is sent to ``endpoint`` (``completions`` or ``chat``) with ``body``'s fields
+    added to the harness's own (model, prompt or messages, max_tokens, stream with usage,
+    ``return_token_ids``, sampling); a field of ``body`` wins over the harness's (e.g.
+    ``max_tokens``, ``ignore_eos``). Chat: the prompt is the last user message; ``body``'s
+    own ``messages`` (a system prompt, earlier turns) come before it. ``body`` may not set
+    ``model``, ``stream``, ``stream_options``, ``prompt``, ``temperature``, ``top_p``
+    (:func:`class_body_problem`).
+
+    ``turns`` (chat only): a conversation of that many requests; turn ``n`` > 1 carries every
+    earlier turn (the user's message and the answer's text) and asks :data:`FOLLOW_UP`, so
+    the server sees a growing shared prefix (prefix caching meets speculation). Each turn is
+    its own record (``turn``); a turn that failed ends the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    weight: float = Field(1.0, gt=0)
+    endpoint: Endpoint = "completions"
+    body: dict[str, Any] = Field(default_factory=dict)
+    turns: int = Field(1, ge=1, le=16)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v)
+
+    @model_validator(mode="after")
+    def _sendable(self) -> "RequestClass":
+        problem = class_body_problem(self.endpoint, self.body)
+        if problem is None and self.turns > 1 and self.endpoint != "chat":
+            problem = f"turns: {self.turns} turns need endpoint chat (a conversation is chat messages)"
+        if problem is not None:
+            raise ValueError(f"request class {self.name!r} ({self.endpoint}): {problem}")
+        return self
+
+
+#: Body fields that leave a completion's greedy output as the plain request's (the
+#: reference's): a different ``max_tokens`` is compared as a prefix, the rest change no token.
+_OUTPUT_NEUTRAL = frozenset({"max_tokens", "seed", "logprobs", "return_tokens_as_token_ids", "user", "priority",
+                             "request_id"})
+
+
+def reference_comparable(request_class: RequestClass) -> bool:
+    """Whether the non-speculative reference (fetched per prompt as a plain greedy
+    completion) predicts this class's greedy output: a completions class whose body only
+    holds fields that change no output token (:data:`_OUTPUT_NEUTRAL`)."""
+    return request_class.endpoint == "completions" and set(request_class.body) <= _OUTPUT_NEUTRAL
+
+
+#: The implicit request class when ``load.request_classes`` is absent: plain completions.
+PLAIN = RequestClass(name="plain")
 
 
 #: The default sampling class: greedy (temperature 0), as the load always was.
@@ -287,6 +387,9 @@ class LoadConfig(BaseModel):
     error_backoff_s: float = Field(0.25, ge=0)
     buckets: list[PromptBucket] | None = None
     sampling: list[SamplingClass] = Field(default_factory=lambda: [GREEDY.model_copy()], min_length=1)
+    #: The request classes (:class:`RequestClass`), each request drawing one by weight
+    #: (seeded); absent: plain completions only, the implicit class ``plain``.
+    request_classes: list[RequestClass] | None = None
     mirror: bool = False
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
@@ -320,6 +423,19 @@ class LoadConfig(BaseModel):
         for n in names:
             if names.count(n) > 1:
                 raise ValueError(f"sampling class name {n!r} is used twice")
+        return v
+
+    @field_validator("request_classes")
+    @classmethod
+    def _classes(cls, v: list[RequestClass] | None) -> list[RequestClass] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("needs at least one request class (or leave request_classes out for plain completions)")
+        names = [c.name for c in v]
+        for n in names:
+            if names.count(n) > 1:
+                raise ValueError(f"request class name {n!r} is used twice")
         return v
 
     @model_validator(mode="after")
@@ -382,9 +498,31 @@ class LoadConfig(BaseModel):
                   key=lambda t: t[1] + t[2], default=("", 0, 0))
         return out
 
+    def longest_conversation_tokens(self) -> tuple[str, int, int, int]:
+        """The request class whose longest request is longest, as ``(name, prompt tokens,
+        turns, max_tokens)``: the longest prompt of the buckets, and the class's own output
+        length (``max_completion_tokens``/``max_tokens`` of its body, else the buckets'
+        largest). Its last turn holds at least ``prompt + turns * max_tokens`` tokens (the
+        earlier answers and this one; the chat template and follow-ups come on top).
+        ``("", 0, 0, 0)`` without request classes or prompts."""
+        longest, bucket_out = self.longest_prompt_tokens(), max(self.bucket_max_tokens().values(), default=0)
+        if not longest or not self.request_classes:
+            return "", 0, 0, 0
+        c = max(self.request_classes, key=lambda c: c.turns * (asked_max_tokens(c.body) or bucket_out))
+        return c.name, longest, c.turns, asked_max_tokens(c.body) or bucket_out
+
     def closed_users(self) -> int:
         """The closed loop's (final) user count: ``profile.users``, else ``users``."""
         return self.profile.users or self.users
+
+    def classes(self) -> list[RequestClass]:
+        """The request classes: ``request_classes``, else the implicit :data:`PLAIN`."""
+        return list(self.request_classes) if self.request_classes is not None else [PLAIN]
+
+    def comparable_classes(self) -> set[str]:
+        """Names of the request classes whose greedy output the plain reference predicts
+        (:func:`reference_comparable`; the implicit plain class is one)."""
+        return {c.name for c in self.classes() if reference_comparable(c)}
 
     def greedy_classes(self) -> set[str]:
         """Names of the greedy sampling classes (temperature 0)."""

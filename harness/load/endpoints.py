@@ -1,7 +1,7 @@
 """What a request body may hold for each endpoint the load sends to: one set of rules for
 every place a body comes from (a traffic source's lines, :mod:`harness.load.sources`; the
-workload's request classes once they exist), so a field that belongs to the other endpoint
-or a value vLLM would refuse is named before anything starts.
+workload's request classes, :class:`harness.load.config.RequestClass`), so a field that
+belongs to the other endpoint or a value vLLM would refuse is named before anything starts.
 
 Endpoints (the OpenAI API as vLLM 0.32 serves it): ``"completions"`` (``/v1/completions``,
 ``prompt``: a string or token ids) and ``"chat"`` (``/v1/chat/completions``, ``messages``).

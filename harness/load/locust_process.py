@@ -215,6 +215,7 @@ class LocustProcess:
             "SPECCHAOS_IGNORE_EOS": "1" if c.ignore_eos else "0",
             "SPECCHAOS_READ_STAMPS": "1" if c.read_stamps else "0",
             "SPECCHAOS_SAMPLING": json.dumps([s.model_dump() for s in c.sampling]),
+            "SPECCHAOS_REQUEST_CLASSES": json.dumps([k.model_dump() for k in c.request_classes or []]),
             "SPECCHAOS_MIRROR_HOST": self.mirror_url or "",
             "SPECCHAOS_MIRROR_MODEL": self.mirror_model or "",
             "SPECCHAOS_PROFILE": self.profile_json(),

@@ -10,7 +10,10 @@ wait, repeat. It walks the prompt set in its own seeded order (a fresh shuffle p
 ``random.Random(SPECCHAOS_SEED + user index)``), so every prompt is sent many times, and
 draws each request's sampling class by weight from its own seeded generator
 (``random.Random(f"sampling:{SPECCHAOS_SEED}:{user index}")``, so adding classes does
-not change the prompt walk).
+not change the prompt walk), and its request class likewise
+(``random.Random(f"class:{SPECCHAOS_SEED}:{user index}")``): the class's endpoint and body
+fields (:func:`harness.load.client.request_body`); a multi-turn chat class (``turns``) sends
+its turns one after the other, each carrying the earlier ones (:func:`send_conversation`).
 
 Mirror mode (``SPECCHAOS_MIRROR_HOST`` set): every step sends the same request (prompt
 and sampling class) to the speculative server (``--host``, records ``server="spec"``)
@@ -69,6 +72,9 @@ Configuration (environment variables, all set by ``LocustProcess``):
   (``load.read_stamps``; default off).
 * ``SPECCHAOS_SAMPLING``: the sampling classes as a JSON list of
   :class:`harness.load.config.SamplingClass` (default: greedy only).
+* ``SPECCHAOS_REQUEST_CLASSES``: the request classes as a JSON list of
+  :class:`harness.load.config.RequestClass` (default, or ``[]``: plain completions only,
+  sent exactly as without classes).
 * ``SPECCHAOS_MIRROR_HOST``: the reference server's root URL for mirror mode (default:
   none, no mirror); ``SPECCHAOS_MIRROR_MODEL`` its served model name (default
   ``SPECCHAOS_MODEL``).
@@ -108,8 +114,9 @@ from locust.runners import MasterRunner, WorkerRunner
 from pydantic import TypeAdapter, ValidationError
 
 from harness.errors import LoadError, first_error
-from harness.load.client import check_loopback_url, make_client, stream_completion
-from harness.load.config import GREEDY, ProfileConfig, RetryConfig, SamplingClass
+from harness.load.client import check_loopback_url, make_client, stream_completion, user_message
+from harness.load.config import GREEDY, PLAIN, ProfileConfig, RequestClass, RetryConfig, SamplingClass
+from harness.load.endpoints import ENDPOINTS
 from harness.load.profiles import Walk, iter_arrivals, share, users_at
 from harness.load.prompts import Prompt, load_prompt_set
 from harness.load.records import RequestRecord, append_record, worker_records_path
@@ -133,6 +140,8 @@ class Settings:
     ignore_eos: bool
     read_stamps: bool
     sampling: tuple[SamplingClass, ...] = (GREEDY,)
+    #: The configured request classes; empty: the implicit plain completions class.
+    request_classes: tuple[RequestClass, ...] = ()
     mirror_host: str | None = None
     mirror_model: str | None = None
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -155,18 +164,25 @@ def _model(raw: str | None, name: str, cls, default):
                         where="harness/load/locustfile.py") from None
 
 
+def _classes(raw: str | None, name: str, cls: type) -> tuple:
+    """A tuple of ``cls`` models from the JSON list in variable ``name`` (empty when unset)."""
+    if not raw:
+        return ()
+    try:
+        return tuple(TypeAdapter(list[cls]).validate_python(json.loads(raw)))
+    except ValueError as exc:   # json.JSONDecodeError and pydantic's ValidationError
+        msg = first_error(exc)[1] if isinstance(exc, ValidationError) else str(exc)
+        raise LoadError(f"{name} is not a list of {cls.__name__}: {msg}",
+                        where="harness/load/locustfile.py") from None
+
+
 def _sampling(raw: str | None) -> tuple[SamplingClass, ...]:
     if not raw:
         return (GREEDY,)
-    try:
-        classes = TypeAdapter(list[SamplingClass]).validate_python(json.loads(raw))
-    except ValueError as exc:   # json.JSONDecodeError and pydantic's ValidationError
-        msg = first_error(exc)[1] if isinstance(exc, ValidationError) else str(exc)
-        raise LoadError(f"SPECCHAOS_SAMPLING is not a list of sampling classes: {msg}",
-                        where="harness/load/locustfile.py") from None
+    classes = _classes(raw, "SPECCHAOS_SAMPLING", SamplingClass)
     if not classes:
         raise LoadError("SPECCHAOS_SAMPLING is empty", where="harness/load/locustfile.py")
-    return tuple(classes)
+    return classes
 
 
 def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
@@ -214,6 +230,7 @@ def settings_from_env(env: dict[str, str] | os._Environ) -> Settings:
         ignore_eos=flag("SPECCHAOS_IGNORE_EOS"),
         read_stamps=flag("SPECCHAOS_READ_STAMPS"),
         sampling=_sampling(env.get("SPECCHAOS_SAMPLING")),
+        request_classes=_classes(env.get("SPECCHAOS_REQUEST_CLASSES"), "SPECCHAOS_REQUEST_CLASSES", RequestClass),
         mirror_host=env.get("SPECCHAOS_MIRROR_HOST") or None,
         mirror_model=env.get("SPECCHAOS_MIRROR_MODEL") or None,
         profile=_model(env.get("SPECCHAOS_PROFILE"), "SPECCHAOS_PROFILE", ProfileConfig, ProfileConfig()),
@@ -253,9 +270,10 @@ def record(environment, rec: RequestRecord) -> None:
     append_record(SETTINGS.records_path, rec)
     exc = None if rec.ok else RequestFailed(f"{rec.error}: {rec.error_detail}")
     host = environment.host if rec.server == "spec" else SETTINGS.mirror_host
+    path = ENDPOINTS.get(rec.endpoint, ENDPOINTS["completions"])
     environment.events.request.fire(
         request_type="POST",
-        name=f"/v1/completions [{rec.prompt_class}]" + ("" if rec.server == "spec" else f" [{rec.server}]"),
+        name=f"{path} [{rec.prompt_class}]" + ("" if rec.server == "spec" else f" [{rec.server}]"),
         response_time=(rec.e2e_s or 0.0) * 1000.0,
         response_length=len(rec.text),
         response=None,
@@ -263,19 +281,21 @@ def record(environment, rec: RequestRecord) -> None:
                  "attempt": rec.attempt},
         exception=exc,
         start_time=rec.send_time,
-        url=f"{host}/v1/completions",
+        url=f"{host}{path}",
     )
 
 
 def send_logical(environment, client, target: tuple[str, str, str], prompt: Prompt, sampling: SamplingClass, *,
-                 user_id: int, rng: random.Random) -> bool:
-    """Every try of one logical request to one server (``target`` = ``(server, base URL,
-    model)``) under ``SETTINGS.retry``: the first, then a retry after each retryable
+                 user_id: int, rng: random.Random, request_class: RequestClass | None = None,
+                 history: tuple[dict, ...] = ()) -> RequestRecord | None:
+    """Every try of one logical request of ``request_class`` (None: plain completions; a
+    chat conversation's turn after ``history``) to
+    one server (``target`` = ``(server, base URL, model)``) under ``SETTINGS.retry``: the first, then a retry after each retryable
     failure (:func:`harness.load.retry.retryable`), sleeping :func:`harness.load.retry.backoff_s`
     with ``rng``'s jitter, at most ``max_retries`` times. Each try is recorded.
 
     Returns:
-        Whether a try succeeded.
+        The record of the try that succeeded, None when none did.
 
     Raises:
         _Halt: the run is stopping or the request bound was reached (no try is sent then).
@@ -296,14 +316,37 @@ def send_logical(environment, client, target: tuple[str, str, str], prompt: Prom
             timeout_s=SETTINGS.request_timeout_s, source="load", user_id=user_id,
             ignore_eos=SETTINGS.ignore_eos, on_interrupt=lambda r: record(environment, r), server=server,
             sampling=sampling, attempt=attempt, logical_id=logical_id, read_stamps=SETTINGS.read_stamps,
+            request_class=request_class, history=history,
         )
         record(environment, rec)
         if rec.ok:
-            return True
+            return rec
         if attempt > policy.max_retries or not retryable(rec):
-            return False
+            return None
         gevent.sleep(backoff_s(policy, attempt, rng))
-    return False
+    return None
+
+
+def send_conversation(environment, client, target: tuple[str, str, str], prompt: Prompt, sampling: SamplingClass,
+                      *, user_id: int, rng: random.Random, request_class: RequestClass | None = None) -> bool:
+    """One logical request (:func:`send_logical`), or for a multi-turn chat class
+    (``turns`` > 1) each turn in order, turn ``n`` carrying the earlier turns' user
+    messages and answers; a failed turn ends the conversation.
+
+    Returns:
+        Whether every turn succeeded.
+
+    Raises:
+        _Halt: as :func:`send_logical`.
+    """
+    history: tuple[dict, ...] = ()
+    for _ in range(request_class.turns if request_class is not None else 1):
+        rec = send_logical(environment, client, target, prompt, sampling, user_id=user_id, rng=rng,
+                           request_class=request_class, history=history)
+        if rec is None:
+            return False
+        history += (user_message(prompt, history), {"role": "assistant", "content": rec.text})
+    return True
 
 
 def targets(host: str, step: int, user_id: int) -> list[tuple[str, str, str]]:
@@ -323,6 +366,18 @@ def _check_hosts(host: str | None) -> None:
         check_loopback_url(SETTINGS.mirror_host, where="SPECCHAOS_MIRROR_HOST")
 
 
+def _walk_classes() -> tuple[RequestClass, ...]:
+    """The walks' request classes: the configured ones, else the implicit plain class."""
+    return SETTINGS.request_classes or (PLAIN,)
+
+
+def _sent_class(walk: Walk) -> RequestClass | None:
+    """The next request's class from ``walk``, None without configured classes (a plain
+    completion, sent as :func:`harness.load.client.completion_body` makes it)."""
+    request_class = walk.next_class()
+    return request_class if SETTINGS.request_classes else None
+
+
 class StreamingCompletionUser(User):
     """One closed-loop client of the speculative server, and in mirror mode of the
     reference server too (see module doc)."""
@@ -332,7 +387,7 @@ class StreamingCompletionUser(User):
     def __init__(self, environment) -> None:
         super().__init__(environment)
         self.user_id = global_user_id(next(_user_index))
-        self.walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, self.user_id)
+        self.walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, self.user_id, _walk_classes())
         self.retry_rng = random.Random(f"retry:{SETTINGS.seed}:{self.user_id}")
         self._steps = 0
         self._next_wait = SETTINGS.think_time_s
@@ -369,13 +424,14 @@ class StreamingCompletionUser(User):
         """Send one logical request with its retries (in mirror mode: one to each server),
         record every try, and choose the next wait."""
         prompt, sampling = self.next_prompt(), self.next_sampling()
+        request_class = _sent_class(self.walk)
         steps = self.targets()
         self._steps += 1
         all_ok = True
         for target in steps:
             try:
-                ok = send_logical(self.environment, self._client, target, prompt, sampling,
-                                  user_id=self.user_id, rng=self.retry_rng)
+                ok = send_conversation(self.environment, self._client, target, prompt, sampling,
+                                       user_id=self.user_id, rng=self.retry_rng, request_class=request_class)
             except _Halt:
                 raise StopUser() from None
             all_ok = all_ok and ok
@@ -481,11 +537,12 @@ class OpenLoopUser(User):
             log.warning("open loop: locust started a second scheduler in this process; it sends nothing")
             raise StopUser()
         p = SETTINGS.profile
-        walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, 0)
+        walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, 0, _walk_classes())
         t0 = time.monotonic()
         lag_sum = 0.0
         for i, at in enumerate(iter_arrivals(p, SETTINGS.seed)):
             prompt, sampling = walk.next()   # the i-th arrival takes the walk's i-th request, sent or not
+            request_class = _sent_class(walk)
             if i % self.stride != self.part:
                 continue                     # another worker's arrival
             wait = at - (time.monotonic() - t0)
@@ -502,17 +559,18 @@ class OpenLoopUser(User):
             if len(self.pool) >= st.max_in_flight:
                 st.dropped += 1
                 continue
-            self.pool.spawn(self._arrival, i, prompt, sampling)
+            self.pool.spawn(self._arrival, i, prompt, sampling, request_class)
             if st.arrivals % 64 == 1:   # this process's own count: every worker writes its account
                 st.write(STATS_PATH)
         self.pool.join(timeout=SETTINGS.request_timeout_s)
         raise StopUser()
 
-    def _arrival(self, i: int, prompt: Prompt, sampling: SamplingClass) -> None:
+    def _arrival(self, i: int, prompt: Prompt, sampling: SamplingClass, request_class: RequestClass | None) -> None:
         rng = random.Random(f"retry:{SETTINGS.seed}:open:{i}")
         for target in targets(self.host, i, 0):
             try:
-                send_logical(self.environment, self._client, target, prompt, sampling, user_id=0, rng=rng)
+                send_conversation(self.environment, self._client, target, prompt, sampling, user_id=0, rng=rng,
+                                  request_class=request_class)
             except _Halt:
                 return
 

@@ -21,7 +21,8 @@ plan, so what the digest describes is what the load sends.
   numpy's PCG64 (``numpy.random.default_rng([seed, 1])``).
 * **Walk**: each user's seeded prompt order (a fresh shuffle per pass of the prompt set,
   ``random.Random(seed + user)``) and sampling draws (by weight,
-  ``random.Random(f"sampling:{seed}:{user}")``, no draw with one class). The open loop is
+  ``random.Random(f"sampling:{seed}:{user}")``, no draw with one class) and request-class
+  draws (the same, ``random.Random(f"class:{seed}:{user}")``). The open loop is
   one walk (user 0) whose ``i``-th step is the ``i``-th arrival's request.
 * **Plan digest** and ``report.json``'s ``load`` section (:func:`load_section`): sha256 over the prompt set and the first requests of the plan
   (:func:`plan_digest`): the same seed and configuration give the same digest, so two
@@ -39,7 +40,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from harness.load.config import GREEDY, LoadConfig, ProfileConfig, SamplingClass
+from harness.load.config import GREEDY, PLAIN, LoadConfig, ProfileConfig, RequestClass, SamplingClass
 from harness.load.prompts import Prompt
 from harness.load.records import worker_record_files
 from harness.load.retry import describe
@@ -162,15 +163,20 @@ def arrival_times(rate: float, burstiness: float, seed: int, duration_s: float) 
 
 class Walk:
     """One user's seeded request sequence: prompts in a fresh shuffle per pass of the set,
-    sampling classes drawn by weight (see module doc)."""
+    sampling classes and request classes drawn by weight, each from its own generator (see
+    module doc), so adding classes of one kind changes neither the prompt walk nor the
+    other kind's draws."""
 
-    def __init__(self, prompts: Sequence[Prompt], sampling: Sequence[SamplingClass], seed: int, user_id: int):
+    def __init__(self, prompts: Sequence[Prompt], sampling: Sequence[SamplingClass], seed: int, user_id: int,
+                 classes: Sequence[RequestClass] = (PLAIN,)):
         if not prompts:
             raise ValueError("the prompt set is empty")
         self.prompts = list(prompts)
         self.sampling = list(sampling) or [GREEDY]
+        self.classes = list(classes) or [PLAIN]
         self.rng = random.Random(seed + user_id)
         self.sampling_rng = random.Random(f"sampling:{seed}:{user_id}")
+        self.class_rng = random.Random(f"class:{seed}:{user_id}")
         self._order: list[Prompt] = []
 
     def next_prompt(self) -> Prompt:
@@ -187,6 +193,12 @@ class Walk:
             return self.sampling[0]
         return self.sampling_rng.choices(self.sampling, weights=[c.weight for c in self.sampling])[0]
 
+    def next_class(self) -> RequestClass:
+        """The next request's class (no draw when there is only one class)."""
+        if len(self.classes) == 1:
+            return self.classes[0]
+        return self.class_rng.choices(self.classes, weights=[c.weight for c in self.classes])[0]
+
     def next(self) -> tuple[Prompt, SamplingClass]:
         """The next request: its prompt, then its sampling class."""
         return self.next_prompt(), self.next_sampling()
@@ -196,20 +208,22 @@ def planned_requests(load: LoadConfig, prompts: Sequence[Prompt], count: int = P
     """The first ``count`` planned requests of each stream: per closed-loop user (users
     ``0 .. max_users - 1``) ``{"user", "prompt_id", "sampling", "max_tokens"}``, or for the
     open loop the first ``count`` arrivals ``{"at_s" (µs-rounded), "prompt_id", "sampling",
-    "max_tokens"}``. Which of them a run really sends depends on time; this is the plan."""
+    "max_tokens"}``; with ``load.request_classes``, each also names its ``"request_class"``.
+    Which of them a run really sends depends on time; this is the plan."""
     out: list[dict] = []
-    if load.profile.kind == "open":
-        walk = Walk(prompts, load.sampling, load.seed, 0)
-        for at in itertools.islice(iter_arrivals(load.profile, load.seed), count):
+    streams = ([(0, {})] if load.profile.kind == "open"
+               else [(user, {"user": user}) for user in range(max_users(load.profile, load.users))])
+    for user, head in streams:
+        walk = Walk(prompts, load.sampling, load.seed, user, load.classes())
+        times = (iter_arrivals(load.profile, load.seed) if load.profile.kind == "open"
+                 else itertools.repeat(None))
+        for at in itertools.islice(times, count):
             p, s = walk.next()
-            out.append({"at_s": round(at, 6), "prompt_id": p.prompt_id, "sampling": s.name,
-                        "max_tokens": p.max_tokens})
-        return out
-    for user in range(max_users(load.profile, load.users)):
-        walk = Walk(prompts, load.sampling, load.seed, user)
-        for _ in range(count):
-            p, s = walk.next()
-            out.append({"user": user, "prompt_id": p.prompt_id, "sampling": s.name, "max_tokens": p.max_tokens})
+            step = {**head, **({"at_s": round(at, 6)} if at is not None else {}), "prompt_id": p.prompt_id,
+                    "sampling": s.name, "max_tokens": p.max_tokens}
+            if load.request_classes is not None:
+                step["request_class"] = walk.next_class().name
+            out.append(step)
     return out
 
 
@@ -228,14 +242,15 @@ def plan_digest(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_R
 def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_REQUESTS) -> dict:
     """``report.json``'s (and ``run.json``'s) ``load``: the effective profile (a closed
     loop's ``users`` resolved), the effective retry policy
-    (:func:`harness.load.retry.describe`), ``error_backoff_s``, the seed, and the plan's
-    digest (:func:`plan_digest`) with what it covers."""
+    (:func:`harness.load.retry.describe`), ``error_backoff_s``, the seed, the plan's
+    digest (:func:`plan_digest`) with what it covers, and with ``load.request_classes``
+    ``request_classes``: ``[{"name", "weight", "endpoint", "turns"}]``."""
     profile = load.profile.model_dump()
     streams = 1
     if load.profile.kind == "closed":
         profile["users"] = load.closed_users()
         streams = max_users(load.profile, load.users)
-    return {
+    out = {
         "profile": profile,
         "retry": describe(load.retry),
         "error_backoff_s": load.error_backoff_s,
@@ -244,6 +259,10 @@ def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_
         "plan_covers": (f"prompt set ({len(prompts)} prompts) and the first {count} requests of "
                         + (f"each of {streams} users" if load.profile.kind == "closed" else "the arrivals")),
     }
+    if load.request_classes is not None:
+        out["request_classes"] = [c.model_dump(include={"name", "weight", "endpoint", "turns"})
+                                  for c in load.request_classes]
+    return out
 
 
 def share(total: int, n: int, index: int) -> int:

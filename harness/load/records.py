@@ -77,6 +77,20 @@ class RequestRecord:
             with vLLM's ``return_tokens_as_token_ids``; natural log). The integrity check
             uses them to tell a near-tie flipped by numerics from a changed output. None
             for other records or a server that sent none.
+        request_class: the name of the request's class (``load.request_classes``; the
+            implicit plain completions class is ``"plain"``, as older records read).
+        endpoint: ``"completions"`` (``/v1/completions``) or ``"chat"``
+            (``/v1/chat/completions``).
+        stop_reason: vLLM's ``stop_reason`` of the choice: the stop string or stop token
+            id that ended the output; None for EOS, a length finish, or none sent.
+        logprobs: only when the request's class asks for logprobs (else None): the chosen
+            token's logprob (nats) per output token, in order (completions:
+            ``logprobs.token_logprobs``; chat: ``logprobs.content[i].logprob``); an entry
+            is None where the server sent null.
+        tool_calls: chat: the streamed tool calls as ``[{"name", "arguments"}]``, each
+            call's argument deltas joined (None when the server sent none).
+        turn: the request's turn in its conversation (1-based; a multi-turn chat class's
+            turn ``n`` carries the ``n - 1`` earlier ones); 1 for every other request.
     """
 
     request_id: str
@@ -107,6 +121,12 @@ class RequestRecord:
     read_offsets_s: list[float] | None = None
     e2e_read_s: float | None = None
     top_logprobs: list[list[list[float]]] | None = None
+    request_class: str = "plain"
+    endpoint: str = "completions"
+    stop_reason: str | int | None = None
+    logprobs: list[float | None] | None = None
+    tool_calls: list[dict] | None = None
+    turn: int = 1
 
     @property
     def logical(self) -> str:
@@ -202,7 +222,9 @@ def is_ref_load(r: RequestRecord) -> bool:
     return r.source == "load" and r.server == "ref"
 
 
-FINISH_REASONS = ("stop", "length")
+#: The finish reasons of a complete response (``"tool_calls"``: a chat response that ends
+#: by calling tools).
+FINISH_REASONS = ("stop", "length", "tool_calls")
 #: Client error classes that describe the server's payload rather than an error the server
 #: reported: the load client labels "[DONE] without a finish_reason" ``bad_payload``.
 PAYLOAD_ERRORS = ("bad_payload",)
@@ -220,7 +242,7 @@ def is_complete(r: RequestRecord) -> tuple[bool, str]:
     """Strictly re-derive whether a response is complete; never trusts ``r.ok``.
 
     Complete means all of: HTTP 200; no error; ``[DONE]`` seen; the exchange ended
-    (``e2e_s`` known); ``finish_reason`` in ``{"stop", "length"}``; ``output_tokens``
+    (``e2e_s`` known); ``finish_reason`` in :data:`FINISH_REASONS`; ``output_tokens``
     (``usage.completion_tokens``) known; one token count per chunk arrival;
     ``sum(chunk_tokens) == output_tokens``; ``len(token_ids) == output_tokens`` when token
     ids were returned; ``max_tokens`` recorded and ``output_tokens ≤ max_tokens``; and

@@ -50,7 +50,10 @@ each with the ``k`` in force when it was sent: the run's, or the last ``server_r
 event's (a draft swap, the circuit breaker); requests sent while the server decoded without
 speculation are left out.
 Sampling class is the record's ``sampling`` (``"greedy"`` when absent); the prompt-length
-bucket is its ``prompt_class``.
+bucket is its ``prompt_class``; the request class (``load.request_classes``) its
+``request_class``: a table whose records are not all of the implicit ``plain`` class also
+gives acceptance per request class (chat, structured output or stop strings change what
+the draft sees).
 """
 
 from __future__ import annotations
@@ -268,6 +271,7 @@ def k_at(t: float, initial_k: int | None, changes: Sequence[Change]) -> int | No
 def _breakdown(records: list[RequestRecord], k_of: Callable[[RequestRecord], "int | None"],
                gap_s: float) -> dict[str, Any]:
     by: dict[str, dict[str, Tally]] = {}
+    by_class: dict[str, Tally] = {}
     total = Tally()
     plain = 0
     for r in records:
@@ -278,8 +282,12 @@ def _breakdown(records: list[RequestRecord], k_of: Callable[[RequestRecord], "in
         steps = counted_steps(r, k, gap_s)
         total.add(steps, k)
         by.setdefault(r.prompt_class or "unknown", {}).setdefault(sampling_of(r), Tally()).add(steps, k)
-    return {"total": total.to_dict(), "requests_without_speculation": plain,
-            "buckets": {b: {s: t.to_dict() for s, t in sorted(cls.items())} for b, cls in sorted(by.items())}}
+        by_class.setdefault(r.request_class, Tally()).add(steps, k)
+    out = {"total": total.to_dict(), "requests_without_speculation": plain,
+           "buckets": {b: {s: t.to_dict() for s, t in sorted(cls.items())} for b, cls in sorted(by.items())}}
+    if set(by_class) - {"plain"}:
+        out["request_classes"] = {c: t.to_dict() for c, t in sorted(by_class.items())}
+    return out
 
 
 def acceptance_table(records: Iterable[RequestRecord], k: int | None,
@@ -302,7 +310,9 @@ def acceptance_table(records: Iterable[RequestRecord], k: int | None,
         ``{"num_speculative_tokens": k, "step_gap_s": gap_s, "speculation_changes":
         [{"t", "method", "num_speculative_tokens"}], "total": T,
         "requests_without_speculation": int, "buckets": {bucket: {sampling: T}},
-        "phases": {phase: {"total": T, "requests_without_speculation", "buckets": {...}}}}``
+        "request_classes": {request class: T} (only when a record is of a class other than
+        ``plain``), "phases": {phase: {"total": T, "requests_without_speculation",
+        "buckets": {...}, "request_classes": {...}}}}``
         where every ``T`` is :meth:`Tally.to_dict` (rates are fractions, lengths tokens per step).
 
     Raises:

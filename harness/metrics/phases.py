@@ -15,7 +15,7 @@ logical request, unavailability as time (:mod:`harness.metrics.availability`).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from harness.load.records import RequestRecord, is_complete
 from harness.metrics.availability import overlap_s, request_counts, unavailable_intervals
@@ -192,6 +192,8 @@ def phase_metrics(
                               kill or after it came back
             buckets           {prompt_class: latency_metrics + "tries"} per prompt-length
                               bucket of the phase's tries
+            request_classes   {request_class: latency_metrics + "tries"} likewise, only when
+                              a record of the run is of a class other than ``plain``
             output_tokens     tokens of complete requests whose chunk ARRIVED in the window
                               (any send time: send_time + chunk_offsets_s)
             output_tokens_per_s   output_tokens / duration (tokens arriving in the window)
@@ -227,11 +229,7 @@ def phase_metrics(
     outage = overlapping[-1] if overlapping else None
     sends = [r.send_time for r in complete]
 
-    by_bucket: dict[str, list[RequestRecord]] = {}
-    for r in sent:
-        by_bucket.setdefault(r.prompt_class or "unknown", []).append(r)
-    buckets = {b: {"tries": len(rs), **latency_metrics((r for r in rs if is_complete(r)[0]), cfg)}
-               for b, rs in sorted(by_bucket.items())}
+    buckets = _grouped(sent, lambda r: r.prompt_class or "unknown", cfg)
 
     chunks = sum(len(r.chunk_tokens) for r in complete)
     ctoks = sum(sum(r.chunk_tokens) for r in complete)
@@ -239,7 +237,7 @@ def phase_metrics(
     good = sum(1 for r in complete if is_good(r, goodput)) if goodput is not None and goodput.enabled else None
     lat = latency_metrics(complete, cfg)
 
-    return {
+    out = {
         "start": float(start),
         "end": float(end),
         "duration_s": duration,
@@ -269,3 +267,16 @@ def phase_metrics(
         "goodput_rps": None if good is None else _rate(good, duration),
         "mean_tokens_per_chunk": ctoks / chunks if chunks else None,
     }
+    if any(r.request_class != "plain" for r in records):   # load.request_classes
+        out["request_classes"] = _grouped(sent, lambda r: r.request_class, cfg)
+    return out
+
+
+def _grouped(sent: Iterable[RequestRecord], key: Callable[[RequestRecord], str],
+             cfg: MetricsConfig) -> dict[str, dict[str, Any]]:
+    """``{group: {"tries", **latency_metrics}}`` of the tries ``sent``, grouped by ``key``."""
+    by: dict[str, list[RequestRecord]] = {}
+    for r in sent:
+        by.setdefault(key(r), []).append(r)
+    return {g: {"tries": len(rs), **latency_metrics((r for r in rs if is_complete(r)[0]), cfg)}
+            for g, rs in sorted(by.items())}

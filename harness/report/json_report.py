@@ -21,6 +21,7 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                         "e2e_s": {"n", "mean", "p50", "p90", "p95", "p99", "p99.9"},
                         "latency_window": {"first_send", "last_send", "outage_start", "outage_end", "sent_after_outage_start"},
                         "buckets": {prompt_class: {"tries", "complete", "enough_samples", "ttft_s", ...}},
+                        "request_classes": {request_class: {...as buckets}} (with load.request_classes),
                         "output_tokens", "output_tokens_per_s" (arriving in the window),
                         "total_output_tokens", "output_throughput_tps" (vLLM's),
                         "request_throughput_rps", "goodput_rps", "mean_tokens_per_chunk"}},
@@ -34,7 +35,11 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
                    reference's logprobs, not counted as mismatched), "malformed", "cut_by_planned_stop"
                    (cut while the harness stopped the server for a planned restart, not
                    counted as malformed), "false_success",
-                   "not_comparable" (sampled, not compared), "first_divergence", "examples"},
+                   "not_comparable" (sampled, or a request class the plain reference does not
+                   predict: not compared), "first_divergence", "examples",
+                   "classes" (only with load.request_classes): {name: {"responses", "compared",
+                   "invariants": {invariant: {"judged", "violations", "first": {"request_id",
+                   "detail"}|null}}}} (harness.checks.request_classes)},
      "mirror": {"enabled", "groups": [...]} (speculative vs plain, :mod:`harness.checks.mirror`),
      "recovery": {"time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s",
                   "measured_from": float|null, "resolution_s": float|null (how precisely the
@@ -56,7 +61,8 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
      "steady_state": {...}, "generated_at": float,
-     "acceptance_floor": {"source": "client", "num_speculative_tokens", "total", "buckets", "phases", "floors",
+     "acceptance_floor": {"source": "client", "num_speculative_tokens", "total", "buckets",
+                          "request_classes" (with load.request_classes), "phases", "floors",
                           "note"} (harness.checks.acceptance_floor.section)}
 """
 

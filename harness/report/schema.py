@@ -143,9 +143,28 @@ class Recovery(_Open):
     measured_from: float | None = None
 
 
+class InvariantCounts(_Open):
+    """One request-class invariant (:mod:`harness.checks.request_classes`): responses it
+    judged, how many violated it, and the first violation (``request_id``, ``detail``)."""
+
+    judged: int
+    violations: int
+    first: dict[str, str] | None = None
+
+
+class RequestClassIntegrity(_Open):
+    """One request class (``integrity.classes.NAME``): its finished responses, those
+    compared with the reference, and each invariant its requests' body asks for."""
+
+    responses: int
+    compared: int
+    invariants: dict[str, InvariantCounts] = Field(default_factory=dict)
+
+
 class Integrity(_Open):
     """Sequence integrity (:mod:`harness.checks.integrity`): responses compared with the
-    reference, and the defects counted."""
+    reference, and the defects counted; with ``load.request_classes``, ``classes``: each
+    class's invariants."""
 
     compared: int | None = None
     mismatched: int | None = None
@@ -154,6 +173,7 @@ class Integrity(_Open):
     cut_by_planned_stop: int | None = None
     false_success: int | None = None
     not_comparable: int | None = None
+    classes: dict[str, RequestClassIntegrity] | None = None
 
 
 class AcceptanceCounts(_Open):

@@ -82,9 +82,16 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     return t
 
 
+def _class_label(c: dict[str, Any]) -> str:
+    """A request class in the workload line: ``"talk (chat, 3 turns, weight 1)"``."""
+    turns = f", {c['turns']} turns" if (c.get("turns") or 1) > 1 else ""
+    return f"{c.get('name')} ({c.get('endpoint')}{turns}, weight {_num(c.get('weight'))})"
+
+
 def workload_line(load: Any) -> str:
     """One line for ``report["load"]`` (:func:`harness.load.profiles.load_section`): the
-    profile, the retry policy and the plan digest (first 16 hex digits); ``""`` if absent."""
+    profile, the retry policy, the request classes when configured and the plan digest
+    (first 16 hex digits); ``""`` if absent."""
     if not isinstance(load, dict):
         return ""
     p = load.get("profile") or {}
@@ -103,6 +110,9 @@ def workload_line(load: Any) -> str:
         retry = "no retries"
     ol = load.get("open_loop") or {}
     dropped = f"; {ol.get('dropped', 0)}/{ol.get('arrivals', 0)} arrivals dropped" if ol else ""
+    classes = load.get("request_classes") or []
+    if classes:
+        dropped += "; classes " + ", ".join(_class_label(c) for c in classes)
     return f"workload: {what}; {retry}{dropped}; seed {load.get('seed')}, plan {str(load.get('plan_digest', ''))[:16]}"
 
 
@@ -191,17 +201,19 @@ def _latency_notes(report: dict[str, Any]) -> Text | None:
     return Text("\n".join(notes), style="dim") if notes else None
 
 
-def _bucket_table(report: dict[str, Any]) -> Table | None:
-    """Per phase × prompt-length bucket: n and p50/p95 in ms (``n=K`` below the minimum)."""
+def _group_table(report: dict[str, Any], key: str, what: str, col: str) -> Table | None:
+    """Per phase × group (``key``: ``"buckets"``, the prompt-length buckets, or
+    ``"request_classes"``; ``what`` names them in the title, ``col`` in the column): n and
+    p50/p95 in ms (``n=K`` below the minimum); None when no phase has such groups."""
     phases = report.get("phases") or {}
-    if not any((phases.get(ph) or {}).get("buckets") for ph in _PHASES):
+    if not any((phases.get(ph) or {}).get(key) for ph in _PHASES):
         return None
-    tab = Table(title="latency per prompt-length bucket in ms (p50/p95)", title_justify="left")
-    for col in ("phase", "bucket", "n", "TTFT", "TPOT", "ITL/chunk", "ITL/token", "E2E"):
-        tab.add_column(col, justify="left" if col in ("phase", "bucket") else "right")
+    tab = Table(title=f"latency per {what} in ms (p50/p95)", title_justify="left")
+    for name in ("phase", col, "n", "TTFT", "TPOT", "ITL/chunk", "ITL/token", "E2E"):
+        tab.add_column(name, justify="left" if name in ("phase", col) else "right")
     for ph in _PHASES:
-        for bucket, m in ((phases.get(ph) or {}).get("buckets") or {}).items():
-            tab.add_row(ph, bucket, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
+        for group, m in ((phases.get(ph) or {}).get(key) or {}).items():
+            tab.add_row(ph, group, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
                         style=None if _enough(m) else "dim")
     return tab
 
@@ -214,6 +226,13 @@ def _tokens_per_step(report: dict[str, Any], phase: str) -> float | None:
     the client-side acceptance section; None when not measured."""
     ph = ((report.get("acceptance_floor") or {}).get("phases") or {}).get(phase) or {}
     return (ph.get("total") or {}).get("mean_acceptance_length")
+
+
+def _acceptance_cell(t: dict[str, Any] | None, mark: str = "") -> str:
+    """``"rate / mean acceptance length"`` of a tally (``—`` when not measured)."""
+    if not t or t.get("acceptance_rate") is None:
+        return "—"
+    return f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}"
 
 
 def _acceptance_table(report: dict[str, Any]) -> RenderableType:
@@ -232,13 +251,15 @@ def _acceptance_table(report: dict[str, Any]) -> RenderableType:
         cells = []
         for ph in _PHASES:
             t = (((sec["phases"].get(ph) or {}).get("buckets") or {}).get(bucket) or {}).get(cls)
-            if not t or t.get("acceptance_rate") is None:
-                cells.append("—")
-                continue
             f = floors.get((ph, bucket, cls)) or {}
-            mark = "" if not f.get("judged") else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
-            cells.append(f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}")
+            measured = bool(t) and t.get("acceptance_rate") is not None
+            mark = "" if not (f.get("judged") and measured) else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
+            cells.append(_acceptance_cell(t, mark))
         tab.add_row(bucket, cls, *cells)
+    # per request class (load.request_classes), every bucket and sampling class pooled
+    for name in sorted({c for ph in sec["phases"].values() for c in ph.get("request_classes") or {}}):
+        tab.add_row(f"class {name}", "all", *(_acceptance_cell(
+            ((sec["phases"].get(ph) or {}).get("request_classes") or {}).get(name)) for ph in _PHASES))
     notes = [str(sec["note"])] if sec.get("note") else []
     for c in sec.get("speculation_changes") or []:
         notes.append(f"speculative settings changed at {c['t']:.3f}: "
@@ -266,6 +287,8 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
             tab.add_row(key.replace("_", " "), str(integ[key]))
     if integ.get("first_divergence"):
         tab.add_row("first divergence", str(integ["first_divergence"]))
+    for name, cls in (integ.get("classes") or {}).items():
+        tab.add_row(f"class {name}", _class_line(cls))
     g = report.get("gpu") or {}
     if g.get("available") is False and g.get("note"):
         tab.add_row("GPU telemetry", str(g["note"]))
@@ -275,6 +298,14 @@ def _recovery_integrity(report: dict[str, Any]) -> Table:
     if gpu_mem_note:
         tab.add_row("GPU memory swing", f"not judged: {gpu_mem_note}")
     return tab
+
+
+def _class_line(section: dict[str, Any]) -> str:
+    """One request class's line (``integrity.classes.NAME``): its finished responses and,
+    per invariant, violations of judged (``"12 responses; stop 0/12, usage 1/12"``)."""
+    invs = section.get("invariants") or {}
+    parts = [f"{inv} {e['violations']}/{e['judged']}" for inv, e in invs.items()]
+    return f"{section.get('responses', 0)} responses" + ("; " + ", ".join(parts) if parts else "")
 
 
 def _checks_table(report: dict[str, Any]) -> Table:
@@ -356,9 +387,10 @@ def render_summary(report: dict[str, Any]) -> RenderableType:
     notes = _latency_notes(report)
     if notes is not None:
         parts.append(notes)
-    bucket = _bucket_table(report)
-    if bucket is not None:
-        parts.append(bucket)
+    for key, what, col in (("buckets", "prompt-length bucket", "bucket"), ("request_classes", "request class", "class")):
+        table = _group_table(report, key, what, col)
+        if table is not None:
+            parts.append(table)
     parts.append(_acceptance_table(report))
     for optional in (_speculation_table(report), _mirror_table(report)):
         if optional is not None:

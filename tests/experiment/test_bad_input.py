@@ -308,6 +308,18 @@ def test_sampling_class_with_top_p_out_of_range(tmp_path, no_new_processes):
     assert_one_line_error(res, "configuration.specchaos.load.sampling.1.top_p")
 
 
+@pytest.mark.parametrize("request_class, needles", [
+    ({"name": "tools", "body": {"tools": [{"type": "function", "function": {"name": "f"}}]}},
+     ("configuration.specchaos.load.request_classes.0", "request class 'tools' (completions): body.tools: belongs "
+                                                        "to /v1/chat/completions, not /v1/completions")),
+    ({"name": "lp", "endpoint": "chat", "body": {"logprobs": 2}}, ("request class 'lp' (chat): body.logprobs",)),
+])
+def test_request_class_body_the_endpoint_would_refuse(tmp_path, no_new_processes, request_class, needles):
+    d = doc()
+    d["configuration"]["specchaos"]["load"]["request_classes"] = [request_class]
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), *needles)
+
+
 @pytest.mark.parametrize("workers, needles", [
     (3, ("configuration.specchaos.load", "workers (3) exceeds users (2)")),
     (-1, ("configuration.specchaos.load.workers",)),

@@ -44,7 +44,19 @@ needing more 128-token blocks than that counts a preemption), token and request 
 labelled ``model_name``),
 ``POST /v1/completions`` (streaming or not; ``stream_options.include_usage``,
 ``return_token_ids``, ``max_tokens``, ``temperature``, ``seed``, ``ignore_eos``), HTTP/1.1
-with chunked streams like uvicorn. Test hooks: ``POST /exit?code=N`` (exit with that code
+with chunked streams like uvicorn; ``POST /v1/chat/completions`` (streaming only; the
+prompt is the messages' ``role: content`` lines; chunks carry ``delta.content``, a first
+chunk ``delta.role``). Streams of either honour (:class:`Output`): ``stop`` strings (the
+text ends before the first one to complete, ``finish_reason "stop"``, ``stop_reason`` the
+string, the ids end with the token that completed it); ``logprobs`` (completions: an
+integer, ``logprobs.token_logprobs``/``tokens``/``top_logprobs`` with the chosen token
+only; chat: ``logprobs: true``, ``logprobs.content``; values in [-1, -0.001], a hash of
+the position); structured output (``response_format`` ``json_object``/``json_schema``,
+``structured_outputs`` ``json``/``json_object``): the text is the JSON object
+``{"w": "w<id> w<id> ..."}``, closed at output position :data:`STRUCTURED_TOKENS` - 1
+or at EOS (``finish_reason "stop"``); a chat request with ``tools`` (and ``tool_choice``
+not ``"none"``) calls the first tool with that object as its arguments, streamed as
+``delta.tool_calls`` (``finish_reason "tool_calls"``). Test hooks: ``POST /exit?code=N`` (exit with that code
 50 ms later), ``GET /fake/requests`` (``{"bodies": [...], "flaky": {prompt: count}}``: the
 bodies of the completion requests received, and how many requests of the ``flaky``
 scenario each prompt text got), ``POST /fake/release`` (wakes the waiting scenarios).
@@ -76,6 +88,8 @@ Fake-only flags:
     --mismatch            greedy outputs differ from the deterministic ones from the third
                           token on (an integrity defect)
     --corrupt-usage       ``usage.completion_tokens`` is one more than the tokens sent
+    --defect NAME         one request-class defect (see :data:`DEFECTS`): ``stop_overrun``,
+                          ``drop_token``, ``bad_json``, ``zero_logprobs``
 
 Fake GPU: with ``FAKE_VLLM_CUDA_LIB`` set in its environment (a shared library exporting
 ``cuLaunchKernel``, e.g. the stub of ``tests/fakes/native/cuda_stub.c``), the worker loads it
@@ -152,6 +166,14 @@ KV_BLOCK_TOKENS = 128
 EOS_EVERY = 97          # about one EOS draw per this many positions
 FIRST_ID = 3            # ids 0..2 are special
 MISMATCH_FROM = 2       # --mismatch: greedy ids differ from this position on
+STRUCTURED_TOKENS = 6   # a structured request's JSON object closes at this output position
+#: --defect: one defect per request-class invariant (module doc).
+DEFECTS = {
+    "stop_overrun": "a stop string's step is sent whole: the stop string and what follows it in the text",
+    "drop_token": "the second chunk carrying tokens loses its first token (text, id, logprob); usage counts it",
+    "bad_json": "structured output (and tool-call arguments) close the JSON object without the closing brace",
+    "zero_logprobs": "every logprob sent is exactly 0",
+}
 ROLES = ("api", "engine", "worker")
 TITLES = {"engine": "VLLM::EngineCore", "worker": "VLLM::Worker"}
 _MAX_BODIES = 2000
@@ -216,6 +238,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--orphan-max-s", type=float, default=300.0)
     ap.add_argument("--mismatch", action="store_true")
     ap.add_argument("--corrupt-usage", action="store_true")
+    ap.add_argument("--defect", choices=DEFECTS, default=None)
     args, _unknown = ap.parse_known_args(argv)
     args.ignore_sigterm_roles = {r.strip() for r in args.ignore_sigterm.split(",") if r.strip()}
     bad = args.ignore_sigterm_roles - set(ROLES)
@@ -620,6 +643,93 @@ def scenario_of(model: Any, served: str) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------------- API: output shaping
+def chat_prompt(messages: Any) -> str:
+    """The prompt text of a chat request: one ``role: content`` line per message."""
+    return "\n".join(f"{m.get('role')}: {m.get('content') or ''}" for m in messages if isinstance(m, dict))
+
+
+def fake_logprob(tid: int, pos: int) -> float:
+    """The logprob the fake reports for token ``tid`` at output position ``pos``: in [-1, -0.001]."""
+    h = int.from_bytes(hashlib.sha256(f"lp:{tid}:{pos}".encode()).digest()[:4], "big")
+    return -((h % 1000) + 1) / 1000
+
+
+def _first_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
+    """``(index, stop string)`` of the stop string that completes earliest (vLLM's rule)."""
+    best = None
+    for st in stops:
+        i = text.find(st)
+        if i >= 0 and (best is None or i + len(st) < best[0]):
+            best = (i + len(st), i, st)
+    return None if best is None else (best[1], best[2])
+
+
+class Output:
+    """What a generation request streams, step by step, for its body (module doc): the
+    text of each token (structured output: pieces of a JSON object), the cut at a stop
+    string or a closed object, logprobs, and the ``--defect`` if one is set."""
+
+    def __init__(self, body: dict, defect: str | None):
+        stop = body.get("stop")
+        self.stops = [x for x in ([stop] if isinstance(stop, str) else list(stop or [])) if x]
+        rf = body.get("response_format") if isinstance(body.get("response_format"), dict) else {}
+        so = body.get("structured_outputs") if isinstance(body.get("structured_outputs"), dict) else {}
+        tools = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
+        #: the tool a chat request with ``tools`` calls (the first), unless ``tool_choice`` is ``"none"``
+        self.tool = tools[0] if tools and body.get("tool_choice") != "none" else None
+        self.structured = (rf.get("type") in ("json_object", "json_schema") or bool(so.get("json") or
+                                                                                    so.get("json_object"))
+                           or self.tool is not None)
+        self.logprobs = body.get("logprobs") not in (None, False)
+        self.defect = defect
+        self.full = ""        # the text of every token taken so far, before a cut
+        self.sent = 0         # characters of ``full`` streamed
+        self.n = 0            # output positions taken (usage.completion_tokens)
+        self.id_chunks = 0    # chunks that carried tokens
+        self.stop_reason: str | None = None
+        self.tool_named = False   # the first tool-call delta (which names the function) was sent
+
+    def piece(self, pos: int, tid: int) -> str:
+        """The text of token ``tid`` at output position ``pos`` (structured: a piece of the object)."""
+        if not self.structured:
+            return token_text(tid)
+        if pos >= STRUCTURED_TOKENS - 1 or tid == EOS_ID:
+            return '"' if self.defect == "bad_json" else '"}'
+        return ('{"w": "' if pos == 0 else " ") + f"w{tid}"
+
+    def step(self, ids: list[int], finish: str | None) -> tuple[str, list[int], list[float], str | None]:
+        """One engine step's ``(text, ids, logprobs, finish_reason)`` to stream; a finish of
+        ``"stop"`` set here (a stop string, a closed object) ends the request early."""
+        taken: list[tuple[int, str]] = []
+        cut: int | None = None
+        for tid in ids:
+            pos = self.n + len(taken)
+            p = self.piece(pos, tid)
+            taken.append((tid, p))
+            self.full += p
+            if self.structured and (pos >= STRUCTURED_TOKENS - 1 or tid == EOS_ID):
+                finish = "tool_calls" if self.tool else "stop"
+                break
+            hit = _first_stop(self.full, self.stops) if self.stops else None
+            if hit is not None:
+                finish, self.stop_reason = "stop", hit[1]
+                cut = len(self.full) if self.defect == "stop_overrun" else max(hit[0], self.sent)
+                break
+        self.n += len(taken)
+        if taken:
+            self.id_chunks += 1
+        if self.defect == "drop_token" and self.id_chunks == 2 and taken and cut is None:
+            self.full = self.full[:self.sent] + "".join(p for _, p in taken[1:])
+            taken = taken[1:]
+        end = len(self.full) if cut is None else cut
+        text, self.sent = self.full[self.sent:end], end
+        out_ids = [t for t, _ in taken]
+        lps = [0.0 if self.defect == "zero_logprobs" else fake_logprob(t, self.n - len(taken) + i)
+               for i, t in enumerate(out_ids)]
+        return text, out_ids, lps, finish
+
+
 # ---------------------------------------------------------------------------- API: HTTP
 def draft_acceptance(spec: dict | None) -> float:
     """Greedy per-position acceptance the fake emulates for a draft, from its directory's
@@ -750,7 +860,7 @@ class Handler(BaseHTTPRequestHandler):
             st.release.set()
             self._json(200, {})
             return
-        if url.path != "/v1/completions":
+        if url.path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(404, "Not Found", "NotFoundError")
             return
         try:
@@ -767,10 +877,15 @@ class Handler(BaseHTTPRequestHandler):
         if scenario is not None:
             self._scenario(scenario, body)
             return
-        self._generate(body)
+        if url.path == "/v1/chat/completions":
+            if not isinstance(body.get("messages"), list) or not body.get("stream"):
+                self._error(400, "the fake serves streaming chat with messages only", "BadRequestError")
+                return
+            body = {**body, "prompt": chat_prompt(body["messages"])}
+        self._generate(body, chat=url.path == "/v1/chat/completions")
 
     # ---- generation
-    def _generate(self, body: dict) -> None:
+    def _generate(self, body: dict, chat: bool = False) -> None:
         st = self.st
         if st.engine.dead:
             self._error(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
@@ -794,7 +909,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, "prompt must be a string or a list of token ids", "BadRequestError")
             return
         try:
-            max_tokens = int(body.get("max_tokens") if body.get("max_tokens") is not None else 16)
+            asked = body.get("max_completion_tokens", body.get("max_tokens"))
+            max_tokens = int(asked if asked is not None else 16)
             temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
             seed = body.get("seed")
             seed = int(seed) if seed is not None else None
@@ -820,7 +936,8 @@ class Handler(BaseHTTPRequestHandler):
         opts = body.get("stream_options") or {}
         try:
             if stream:
-                self._stream(req, bool(opts.get("include_usage")), bool(body.get("return_token_ids")))
+                self._stream(req, bool(opts.get("include_usage")), bool(body.get("return_token_ids")),
+                             Output(body, st.args.defect), chat)
             else:
                 self._whole(req, bool(body.get("return_token_ids")))
         except (OSError, ValueError):   # the client went away (a reset, or a closed file)
@@ -836,16 +953,24 @@ class Handler(BaseHTTPRequestHandler):
                 continue
         return ("error", "the fake engine produced nothing for an hour")
 
-    def _usage(self, req: Request) -> dict:
-        n = len(req.tokens) + (1 if self.st.args.corrupt_usage else 0)
+    def _usage(self, req: Request, taken: int | None = None) -> dict:
+        n = (len(req.tokens) if taken is None else taken) + (1 if self.st.args.corrupt_usage else 0)
         p = len(req.prompt_ids)
         return {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n, "prompt_tokens_details": None}
 
-    def _stream(self, req: Request, include_usage: bool, token_ids: bool) -> None:
+    def _stream(self, req: Request, include_usage: bool, token_ids: bool, out: Output, chat: bool = False) -> None:
         st = self.st
-        cid, created = f"cmpl-{os.urandom(16).hex()}", int(time.time())
+        cid, created = f"{'chatcmpl' if chat else 'cmpl'}-{os.urandom(16).hex()}", int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choice: dict, usage: Any = None, choices: bool = True) -> None:
+            self._event({"id": cid, "object": kind, "created": created, "model": st.model_name,
+                         "choices": [choice] if choices else [], "usage": usage})
+
         self._head()
         first = True
+        if chat:
+            event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
         while True:
             ev = self._next_event(req)
             if ev[0] == "error":
@@ -853,23 +978,48 @@ class Handler(BaseHTTPRequestHandler):
                 self._event("[DONE]")
                 self._end()
                 return
-            _, ids, finish = ev
-            choice: dict[str, Any] = {"index": 0, "text": "".join(token_text(t) for t in ids), "logprobs": None,
-                                      "finish_reason": finish, "stop_reason": None}
+            text, ids, lps, finish = out.step(ev[1], ev[2])
+            if finish is not None and ev[2] is None:
+                st.engine.cancel(req)   # cut here (a stop string, a closed object): the engine stops too
+            choice: dict[str, Any] = ({"index": 0, "delta": self._delta(out, text)} if chat
+                                      else {"index": 0, "text": text})
+            choice.update(logprobs=self._logprobs(ids, lps, chat) if out.logprobs else None, finish_reason=finish,
+                          stop_reason=out.stop_reason if finish == "stop" else None)
             if token_ids:
                 choice["token_ids"] = ids
-                if first:
+                if first and not chat:
                     choice["prompt_token_ids"] = req.prompt_ids
             first = False
-            self._event({"id": cid, "object": "text_completion", "created": created, "model": st.model_name,
-                         "choices": [choice], "usage": None})
+            event(choice)
             if finish is not None:
                 break
         if include_usage:
-            self._event({"id": cid, "object": "text_completion", "created": created, "model": st.model_name,
-                         "choices": [], "usage": self._usage(req)})
+            event({}, self._usage(req, out.n), choices=False)
         self._event("[DONE]")
         self._end()
+
+    @staticmethod
+    def _delta(out: Output, text: str) -> dict:
+        """A chat chunk's ``delta``: the text as ``content``, or for a tool call (``out.tool``)
+        as the call's ``arguments`` (the first delta also names the call and its function)."""
+        if out.tool is None:
+            return {"content": text}
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        if not out.tool_named:
+            out.tool_named = True
+            call.update(id=f"chatcmpl-tool-{os.urandom(8).hex()}", type="function")
+            call["function"]["name"] = out.tool
+        return {"tool_calls": [call]}
+
+    @staticmethod
+    def _logprobs(ids: list[int], lps: list[float], chat: bool) -> dict:
+        """A chunk's ``logprobs`` (chosen tokens only, named ``token_id:<id>``)."""
+        names = [f"token_id:{t}" for t in ids]
+        if chat:
+            return {"content": [{"token": n, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                for n, lp in zip(names, lps)]}
+        return {"text_offset": [0] * len(ids), "token_logprobs": lps, "tokens": names,
+                "top_logprobs": [{n: lp} for n, lp in zip(names, lps)]}
 
     def _whole(self, req: Request, token_ids: bool) -> None:
         st = self.st

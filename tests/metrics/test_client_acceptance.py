@@ -102,6 +102,16 @@ def test_table_per_bucket_sampling_and_phase():
     assert table["phases"]["after"]["total"]["mean_acceptance_length"] == 1.0
 
 
+def test_table_per_request_class_only_when_classes_were_sent():
+    plain = rec([1, 5, 5, 1])
+    chat = rec([1, 2, 1, 1], request_class="chat")
+    assert "request_classes" not in acceptance_table([plain], 4, members={"baseline": [plain]})
+    table = acceptance_table([plain, chat], 4, members={"baseline": [plain, chat]})
+    assert table["request_classes"]["plain"]["acceptance_rate"] == 1.0
+    assert table["request_classes"]["chat"]["acceptance_rate"] == pytest.approx(1 / 8)
+    assert table["phases"]["baseline"]["request_classes"] == table["request_classes"]
+
+
 def test_no_steps_gives_none_not_zero():
     t = tally([], 4).to_dict()
     assert t["acceptance_rate"] is None and t["mean_acceptance_length"] is None and t["steps"] == 0

@@ -163,3 +163,13 @@ def test_assign_phases_without_a_fault_is_by_send_time():
     windows = {"baseline": (100.0, 130.0), "after": (130.0, 140.0)}
     straddling = make_record(send_time=129.95, ttft=0.1)
     assert assign_phases([straddling], windows) == {"baseline": [straddling], "after": []}
+
+
+def test_latency_per_request_class_only_when_classes_were_sent():
+    plain = [make_record(send_time=1000.0 + i) for i in range(3)]
+    chat = [make_record(send_time=1000.5 + i, ttft=0.3, request_class="chat", endpoint="chat") for i in range(2)]
+    assert "request_classes" not in phase_metrics(plain, 1000.0, 1010.0)
+    m = phase_metrics(plain + chat, 1000.0, 1010.0)
+    assert {c: (g["tries"], g["ttft_s"]["n"]) for c, g in m["request_classes"].items()} == {"chat": (2, 2),
+                                                                                          "plain": (3, 3)}
+    assert m["request_classes"]["chat"]["ttft_s"]["p50"] == pytest.approx(0.3)
