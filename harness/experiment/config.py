@@ -82,6 +82,15 @@ class SpecchaosConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _floor_exclusions_are_classes(self) -> "SpecchaosConfig":
+        known = {c.name for c in self.load.request_classes or []} or {"plain"}
+        unknown = [n for n in self.acceptance_floor.exclude_request_classes if n not in known]
+        if unknown:
+            raise ValueError(f"acceptance_floor.exclude_request_classes: {unknown[0]!r} is not a request class of "
+                             f"load.request_classes (known: {', '.join(sorted(known))})")
+        return self
+
+    @model_validator(mode="after")
     def _integrity_needs_reference(self) -> "SpecchaosConfig":
         if not self.stack.reference and self.integrity.min_compared > 0:
             raise ValueError("integrity.min_compared > 0 needs the reference server: set stack.reference: true "

@@ -177,12 +177,20 @@ def test_a_request_class_left_out_of_the_floors_is_still_reported():
     mixed = plain + structured
     assert names(acceptance_floor.check(run_of(mixed)), passed=False) == [
         "acceptance_floor.after.short.greedy", "acceptance_floor.baseline.short.greedy"]
-    run = run_of(mixed, acceptance_floor={"exclude_request_classes": ["json"]})
+    classes = {"request_classes": [{"name": "plain"}, {"name": "json"}]}
+    run = run_of(mixed, acceptance_floor={"exclude_request_classes": ["json"]}, load=classes)
     checks = acceptance_floor.check(run)
     assert checks and all(c.passed and c.observed == 1.0 for c in checks)
     assert all("request classes json left out" in c.detail for c in checks)
     per_class = acceptance_floor.section(run)["request_classes"]
     assert per_class["json"]["acceptance_rate"] == 0.0 and per_class["plain"]["acceptance_rate"] == 1.0
     # a bad draft still fails the floors of the classes judged
-    bad = run_of(load({"short": BAD}) + structured, acceptance_floor={"exclude_request_classes": ["json"]})
+    bad = run_of(load({"short": BAD}) + structured, acceptance_floor={"exclude_request_classes": ["json"]},
+                 load=classes)
     assert checks and not any(c.passed for c in acceptance_floor.check(bad))
+
+
+def test_leaving_out_a_class_that_does_not_exist_is_refused_in_one_line():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match=r"'jsno' is not a request class of load.request_classes \(known: plain\)"):
+        SpecchaosConfig.model_validate({"acceptance_floor": {"exclude_request_classes": ["jsno"]}})
