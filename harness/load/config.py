@@ -49,9 +49,9 @@ from __future__ import annotations
 
 import re
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.load.endpoints import HARNESS_FIELDS, Endpoint, body_problem
 
@@ -69,6 +69,10 @@ def _check_name(v: str) -> str:
     return v
 
 
+#: A bucket's, sampling class's or request class's name (it names report rows and checks).
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
 class PromptBucket(BaseModel):
     """One prompt-length bucket: ``count`` prompts whose length in tokens (the target's
     tokenizer, special tokens included, as vLLM's ``usage.prompt_tokens``) lies in
@@ -79,16 +83,11 @@ class PromptBucket(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: Name
     min_prompt_tokens: int = Field(ge=8)
     max_prompt_tokens: int = Field(ge=8)
     count: int = Field(ge=0)
     max_tokens: int | None = Field(None, ge=1)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_name(v)
 
     @model_validator(mode="after")
     def _range(self) -> "PromptBucket":
@@ -105,15 +104,10 @@ class SamplingClass(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: Name
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     weight: float = Field(1.0, gt=0)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_name(v)
 
     @property
     def greedy(self) -> bool:
@@ -180,16 +174,11 @@ class RequestClass(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: Name
     weight: float = Field(1.0, gt=0)
     endpoint: Endpoint = "completions"
     body: dict[str, Any] = Field(default_factory=dict)
     turns: int = Field(1, ge=1, le=16)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_name(v)
 
     @model_validator(mode="after")
     def _sendable(self) -> "RequestClass":
