@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from harness.load.config import LoadConfig
 from harness.load.client import check_loopback_url
 from harness.load.profiles import share
 from harness.load.records import worker_records_path
+from harness.stack.ports import free_ports
 from harness.proc import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -445,7 +445,6 @@ def _terminate(proc: subprocess.Popen, timeout_s: float, what: str) -> None:
 
 
 def _free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for the locust master)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now (for the locust master), outside the
+    ephemeral range (:func:`harness.stack.ports.free_ports`)."""
+    return free_ports("127.0.0.1", 1)[0]

@@ -851,8 +851,9 @@ class LocalServer:
             victims = list(self._snapshot)
             self._set_state("restarting")
         kind = "startup_timeout" if reason == "timeout" else "exited"
+        last_line = vllm.last_meaningful_line(self.log_path, self._log_offset)
         if reason != "timeout":   # the API process exited by itself: did its tree follow?
-            self._emit_exit(popen, inc, expected=False, reason=kind)
+            self._emit_exit(popen, inc, expected=False, reason=kind, last_log_line=last_line)
             self._report_orphans(popen, inc, victims, expected=False)
         left = procs.kill_tree(victims, pgid=popen.pid)
         if left:
@@ -864,8 +865,8 @@ class LocalServer:
             self._snapshot = []
         log.warning("server %s incarnation %d exited (%s; %s); last log line: %s", self.name, inc,
                     vllm.describe_exit(popen.returncode), "startup timeout" if reason == "timeout" else "unexpected",
-                    vllm.last_meaningful_line(self.log_path, self._log_offset))
-        self._emit_exit(popen, inc, expected=False, reason=kind)
+                    last_line)
+        self._emit_exit(popen, inc, expected=False, reason=kind, last_log_line=last_line)
         return exited_at
 
     def _report_orphans(self, popen: subprocess.Popen, inc: int, tree: list[psutil.Process], expected: bool) -> None:
