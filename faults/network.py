@@ -72,7 +72,7 @@ from harness import state as run_state
 from harness.errors import FaultError
 from harness.net import LOOPBACK_HINT, is_loopback_host
 from harness.proc import die_with_parent
-from harness.stack.ports import port_in_use
+from harness.ports import port_in_use
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ _HTTP_TIMEOUT_S = 5.0
 
 def listen_port_free(v: int) -> int:
     """Validator of a fault's ``listen_port``: 0 (any free port) or a loopback port
-    nothing listens on now (:func:`harness.stack.ports.port_in_use`, which binds with
+    nothing listens on now (:func:`harness.ports.port_in_use`, which binds with
     ``SO_REUSEADDR`` as the proxy does).
 
     Raises:

@@ -14,7 +14,7 @@ import pytest
 
 from harness.stack.config import RestartPolicy, StackConfig
 from harness.stack.models import build_models
-from harness.stack.ports import free_ports
+from harness.ports import free_ports
 from harness.stack.vllm import vllm_distribution
 from harness.timeline import Timeline
 from tests import procs

@@ -39,7 +39,7 @@ from harness.load.config import LoadConfig
 from harness.load.client import check_loopback_url
 from harness.load.profiles import share
 from harness.load.records import worker_records_path
-from harness.stack.ports import free_ports
+from harness.ports import free_ports
 from harness.proc import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -446,5 +446,5 @@ def _terminate(proc: subprocess.Popen, timeout_s: float, what: str) -> None:
 
 def _free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for the locust master), outside the
-    ephemeral range (:func:`harness.stack.ports.free_ports`)."""
+    ephemeral range (:func:`harness.ports.free_ports`)."""
     return free_ports("127.0.0.1", 1)[0]

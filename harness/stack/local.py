@@ -64,7 +64,7 @@ from harness.proc import die_with_parent
 from harness.stack import procs, vllm
 from harness.stack.config import RestartPolicy, StackConfig, needs_draft
 from harness.stack.models import resolve_model
-from harness.stack.ports import free_ports, wait_port_free
+from harness.ports import free_ports, wait_port_free
 from harness.stack.preflight import check_stack
 from harness.stack.reaper import reaper
 from harness.stack.warmup import warm_up

@@ -6,7 +6,7 @@ Checked: the target (and, per :func:`harness.stack.config.needs_draft`, the draf
 directories exist and look like models; ``max_model_len`` fits the target model's context
 (its ``config.json``'s ``max_position_embeddings``, which vLLM also refuses to exceed);
 explicitly configured ports are free now (one
-port probe: :func:`harness.stack.ports.port_in_use`). Field rules (loopback host, two
+port probe: :func:`harness.ports.port_in_use`). Field rules (loopback host, two
 distinct ports, a draft for methods that need one) are the configuration model's own.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.errors import ModelError, StackError
 from harness.stack.config import StackConfig, needs_draft
 from harness.stack.models import resolve_model
-from harness.stack.ports import port_in_use
+from harness.ports import port_in_use
 
 __all__ = ["ResolvedModels", "check_stack", "resolve_models", "check_ports", "check_context", "model_context_tokens"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.stack.ports import port_in_use
+from harness.ports import port_in_use
 from tests.experiment.fast_e2e import fast_experiment, run_fast
 from tests.experiment.files import EXPERIMENTS, ROOT, ci_form, experiment_doc, run_pooled, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli

@@ -32,7 +32,7 @@ import psutil
 from harness.proc import die_with_parent
 from harness.stack import procs
 from harness.stack.local import LocalServer
-from harness.stack.ports import free_ports
+from harness.ports import free_ports
 
 __all__ = ["FAKE_PATH", "VLLM_HEAD", "FakeProcess", "FakeServer", "http_client", "run_fake"]
 

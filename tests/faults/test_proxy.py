@@ -21,7 +21,7 @@ import pytest
 
 from faults.cleanup import cleanup
 from faults.network import ProxyProcess
-from harness.stack.ports import port_in_use
+from harness.ports import port_in_use
 from faults.toxics import affected, connection_rng
 from harness.errors import FaultError
 

@@ -14,7 +14,7 @@ import pytest
 from harness.stack import procs
 from harness.stack.local import LocalServer
 from harness.stack.models import CALIBRATION_OUTPUT_TOKENS, build_models, calibration_prompts, read_acceptance
-from harness.stack.ports import free_ports
+from harness.ports import free_ports
 from harness.stack.vllm import speculative_config, vllm_distribution
 
 pytestmark = [pytest.mark.stack, pytest.mark.nightly, pytest.mark.own_stack, pytest.mark.timeout(600)]

@@ -22,7 +22,7 @@ from harness.errors import StackError
 from harness.stack.config import StackConfig
 from harness.stack import procs
 from harness.stack.local import LocalServer, LocalStack
-from harness.stack.ports import free_ports
+from harness.ports import free_ports
 from harness.stack.vllm import vllm_distribution
 from tests.conftest import REAL_STACK
 

@@ -24,7 +24,7 @@ from harness.errors import ModelError, StackError
 from harness.stack import procs
 from harness.stack.config import RestartPolicy, StackConfig
 from harness.stack.local import LocalServer, LocalStack
-from harness.stack.ports import free_ports, port_in_use, wait_port_free
+from harness.ports import free_ports, port_in_use, wait_port_free
 from harness.stack.vllm import last_meaningful_line, speculative_config
 from harness.timeline import Timeline
 from tests.fakes import FAKE_PATH
@@ -257,7 +257,7 @@ def test_harness_killed_leaves_no_orphans(tmp_path):
         import json, sys, time
         sys.path.insert(0, {str(FAKE_PATH.parents[2])!r})
         from tests.fakes import FakeServer
-        from harness.stack.ports import free_ports
+        from harness.ports import free_ports
         from harness.stack import procs
         s = FakeServer("spec", "m", port=free_ports("127.0.0.1", 1)[0], log_path={str(tmp_path / 'log')!r},
                        fake_args=["--orphans"])

@@ -1,4 +1,4 @@
-"""Port picking for the servers (harness.stack.ports): outside the kernel's ephemeral range,
+"""Port picking for the servers (harness.ports): outside the kernel's ephemeral range,
 so a client connection made while a server restarts cannot take the server's port."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from harness.stack import ports
-from harness.stack.ports import PICK_FLOOR, ephemeral_range, free_ports, port_in_use
+from harness import ports
+from harness.ports import PICK_FLOOR, ephemeral_range, free_ports, port_in_use
 
 
 def test_picked_ports_are_distinct_free_and_below_the_ephemeral_range():

@@ -1,4 +1,5 @@
-"""Loopback TCP ports for the servers: is one free, pick free ones, wait until one is free."""
+"""Loopback TCP ports for the servers, the fault proxy and the locust master: is one free,
+pick free ones (outside the kernel's ephemeral range), wait until one is free."""
 
 from __future__ import annotations
 
