@@ -92,6 +92,7 @@ from harness.load.config import LoadConfig
 from harness.load.locust_process import LocustProcess
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import RequestRecord, read_records
+from harness.metrics.steps import schedule_fields
 from harness.stack.config import StackConfig
 from harness.stack.pool import StackPool
 from harness.stack.preflight import resolve_models
@@ -597,7 +598,8 @@ class LoadDriver:
                                      records_path=self.records_path, model=srv.model, cfg=lc, run_time_s=run_time_s,
                                      log_path=self.run_dir / "logs" / "locust.log")
         self.process.start()
-        self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=False, profile=lc.profile.kind)
+        self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=False, profile=lc.profile.kind,
+                           **schedule_fields(lc.profile, lc.users))
         return self
 
     def stop(self) -> list[RequestRecord]:

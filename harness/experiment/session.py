@@ -46,6 +46,7 @@ from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
 from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
 from harness.metrics.scraper import METRICS_FILE, MetricsScraper
+from harness.metrics.steps import schedule_fields
 from harness.report.allure import publish_allure
 from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
 from harness.report.prometheus import publish_prometheus
@@ -216,7 +217,8 @@ class Session:
                                   mirror_model=mirror.model if mirror else None)
         self.load.start()
         self.cpu_meter = CpuMeter(self.load.pids).start() if self.load.pids else None
-        self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=lc.mirror, profile=lc.profile.kind)
+        self.timeline.emit("runner", "load_started", users=lc.closed_users(), mirror=lc.mirror, profile=lc.profile.kind,
+                           **schedule_fields(lc.profile, lc.users))
         log.info("load running: %s; warm-up %.0f s, baseline %.0f s", lc.profile.kind + " loop", ph.warmup_s,
                  ph.baseline_s)
         self.sleep(ph.warmup_s)

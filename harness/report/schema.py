@@ -218,6 +218,39 @@ class Speculation(_Open):
     servers: dict[str, SpeculationServer] = Field(default_factory=dict)
 
 
+class StepAcceptance(_Open):
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+
+
+class Step(Phase):
+    """The figures of one load step (:mod:`harness.metrics.steps`): a constant level of the
+    profile, or a window of a ramp, with the phase figures over the requests sent in it and
+    the speculative server's acceptance there. ``level``, ``from``, ``to``: users (closed
+    loop) or requests/s (open loop); ``offset_s``: seconds since the load started."""
+
+    index: int
+    kind: Literal["level", "ramp"]
+    unit: Literal["users", "rate"] | None = None
+    level: float
+    from_: float | None = Field(None, alias="from")
+    to: float | None = None
+    offset_s: float | None = None
+    phases: list[str] = Field(default_factory=list)
+    acceptance: StepAcceptance | None = None
+
+
+class Steps(_Open):
+    """Per-step figures of a profile with a ramp or steps; ``steps`` empty (and a ``note``)
+    for a constant profile."""
+
+    unit: Literal["users", "rate"] | None = None
+    note: str | None = None
+    steps: list[Step] = Field(default_factory=list)
+
+
 class OverrideRecord(_Open):
     path: str
     value: Any = None
@@ -247,6 +280,7 @@ class Report(_Open):
     integrity: Integrity | None = None
     acceptance_floor: AcceptanceFloor | None = None
     speculation: Speculation | None = None
+    steps: Steps | None = None
     generated_at: float | None = None
     source: str | None = None
     overrides: list[OverrideRecord] = Field(default_factory=list)

@@ -381,6 +381,32 @@ def _speculation_table(report: dict[str, Any]) -> Table | None:
     return tab
 
 
+def _steps_table(report: dict[str, Any]) -> Table | None:
+    """Per load step (:mod:`harness.metrics.steps`): the level (users or requests/s), when
+    it ran, the phases it overlaps, requests, failed, p50/p95 ms of TTFT, TPOT and E2E,
+    output tokens/s, goodput/s and the acceptance rate; None for a constant profile."""
+    sec = report.get("steps") or {}
+    steps = sec.get("steps") or []
+    if not steps:
+        return None
+    unit = "users" if sec.get("unit") == "users" else "req/s"
+    tab = Table(title=f"per load step ({unit}): latency in ms (p50/p95)", title_justify="left")
+    for col in ("step", unit, "from s", "phases", "requests", "failed", "TTFT", "TPOT", "E2E", "tokens/s",
+                "goodput/s", "acceptance"):
+        tab.add_column(col, justify="left" if col in ("step", "phases") else "right")
+    for st in steps:
+        level = st.get("level")
+        label = f"{level:g}" if st.get("kind") == "level" else f"{st.get('from', 0):.3g}→{st.get('to', 0):.3g}"
+        acc = (st.get("acceptance") or {}).get("acceptance_rate")
+        tps, gp = st.get("output_tokens_per_s"), st.get("goodput_rps")
+        tab.add_row(f"{st.get('index')} {st.get('kind')}", label, f"{st.get('offset_s', 0):.0f}",
+                    ",".join(st.get("phases") or []), str(st.get("requests", 0)), str(st.get("errors", 0)),
+                    *(_lat(st, k) for k in ("ttft_s", "tpot_s", "e2e_s")),
+                    "—" if tps is None else f"{tps:.1f}", "—" if gp is None else f"{gp:.2f}",
+                    "—" if acc is None else f"{acc:.2f}", style=None if _enough(st) else "dim")
+    return tab
+
+
 def render_summary(report: dict[str, Any]) -> RenderableType:
     """The summary of a report as one rich renderable (a :class:`rich.console.Group`)."""
     parts: list[RenderableType] = [_verdict_line(report), _phase_table(report), _latency_table(report)]
@@ -392,7 +418,7 @@ def render_summary(report: dict[str, Any]) -> RenderableType:
         if table is not None:
             parts.append(table)
     parts.append(_acceptance_table(report))
-    for optional in (_speculation_table(report), _mirror_table(report)):
+    for optional in (_steps_table(report), _speculation_table(report), _mirror_table(report)):
         if optional is not None:
             parts.append(optional)
     return Group(*parts, _recovery_integrity(report), _checks_table(report))

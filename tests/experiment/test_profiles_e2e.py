@@ -57,3 +57,25 @@ def test_open_loop_kill_and_retries_end_to_end(tmp_path):
     con = Console(file=io.StringIO(), width=200, record=True, color_system=None)
     con.print(render_summary(rep))
     assert f"workload: open loop {RATE:g} req/s" in con.export_text()
+
+
+def test_concurrency_steps_are_reported_per_step_end_to_end(tmp_path):
+    """Issue 20, per-step figures: a closed loop stepping from 1 to 4 users; report.json's
+    ``steps`` has one entry per level with that level's requests only, and 4 users complete
+    more requests per second than 1 on the fake (its engine batches)."""
+    code, rep, seconds, out = run_fast(
+        tmp_path, "steps", load={"profile": {"kind": "closed", "users": 1, "steps": [{"at_s": 4, "users": 4}]},
+                                 "seed": 5})
+    print(f"stepped fast run: {seconds:.1f} s, verdict {rep['verdict']}")
+    sec = rep["steps"]
+    one, four = sec["steps"]
+    assert sec["unit"] == "users" and (one["level"], four["level"]) == (1, 4)
+    assert one["offset_s"] == 0 and four["offset_s"] == pytest.approx(4)
+    loads = [r for r in read_records(out / "records.jsonl") if r.source == "load" and r.server == "spec"]
+    assert one["tries"] + four["tries"] == sum(1 for r in loads if r.send_time < four["end"]) > 0
+    assert four["request_throughput_rps"] > 1.5 * one["request_throughput_rps"], (one, four)
+    assert "warmup" in one["phases"] and "fault" in four["phases"]
+    assert one["acceptance"]["acceptance_rate"] is not None
+    con = Console(file=io.StringIO(), width=220, record=True, color_system=None)
+    con.print(render_summary(rep))
+    assert "per load step (users)" in con.export_text()
