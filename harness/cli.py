@@ -1,11 +1,13 @@
 """The ``specchaos`` command line.
 
-    specchaos run FILE [--out DIR] [--allure-dir DIR] [--set PATH=VALUE]... [--var-file FILE]...
+    specchaos run FILE [--out DIR] [--allure-dir DIR] [--set PATH=VALUE]... [--var-file FILE]... [--repeat N]
                                          run a Chaos Toolkit experiment, strict verdict
     specchaos validate FILE [--set PATH=VALUE]... [--var-file FILE]...
                                          check an experiment without starting anything
     specchaos init DIR [--force]         copy the shipped experiments into DIR
     specchaos report DIR                 re-judge a finished run from its saved data
+    specchaos compare A B [--tolerance NAME=VALUE]... [--json FILE] [--allure-dir DIR]
+                                         B vs A per phase and bucket, bootstrap intervals; exit 1 on a regression
     specchaos models build [--dir DIR]   build the tiny offline models
     specchaos faults                     list the fault families, their actions and arguments
     specchaos schema [NAME] [--out DIR]  write (or print) the JSON Schemas of experiments and report.json
@@ -36,7 +38,10 @@ from rich.table import Table
 from faults.cleanup import cleanup as do_cleanup
 from faults.registry import REGISTRY
 from harness.errors import SpecchaosError
+from harness.experiment import session
 from harness.experiment.actions import FAULT_ACTIONS
+from harness.experiment.compare import compare as do_compare
+from harness.experiment.compare import parse_tolerances, read_side
 from harness.experiment.overrides import Override, collect_overrides
 from harness.experiment.rejudge import rejudge
 from harness.experiment.runner import EXIT_CODES
@@ -46,10 +51,12 @@ from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments
 from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
 from harness.report.allure import ALLURE_DIR_ENV
+from harness.report.compare import render_comparison, write_allure_comparison
 from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
 from harness.report.summary import print_summary
 from harness.stack.base import ROLE_DOCS
 from harness.stack.models import build_models
+from harness.stack.pool import StackPool
 from harness.stack.vllm import installed_vllm_version
 
 # Plain help: the rich help of typer 0.29 shows flags as "--force <bool>" although they take no value.
@@ -107,13 +114,17 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr (it is plain and sparse anyway when stderr is not a terminal or CI=true)."),
         allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write the Allure results here (sets $SPECCHAOS_ALLURE_DIR; they always go to OUT/allure-results)."),
         sets: Optional[list[str]] = typer.Option(None, "--set", metavar="PATH=VALUE", help=SET_HELP),
-        var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP)) -> None:
+        var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP),
+        repeat: int = typer.Option(1, "--repeat", min=1, max=100, metavar="N", help="Run N times into OUT/repeat-1..N on one shared stack (for `specchaos compare`); exit 0 only when every repeat passed.")) -> None:
     """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
     if allure_dir is not None:
         os.environ[ALLURE_DIR_ENV] = str(allure_dir.resolve())
     if not logging.getLogger().isEnabledFor(logging.INFO):
         logging.getLogger("harness").setLevel(logging.INFO)
         logging.getLogger("faults").setLevel(logging.INFO)
+    if repeat > 1:
+        _run_repeats(file, out_dir, repeat, not no_progress, sets, var_files)
+        return
     try:
         code, report = run_experiment(file, out_dir, progress=not no_progress, overrides=_overrides(sets, var_files))
     except SpecchaosError as exc:
@@ -131,6 +142,44 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
     raise typer.Exit(code)
 
 
+def _run_repeats(file: Path, out_dir: Path, n: int, progress: bool, sets: list[str] | None,
+                 var_files: list[Path] | None) -> None:
+    """``run --repeat N``: the experiment N times in this process, into ``OUT/repeat-<i>``,
+    on stacks shared through a :class:`~harness.stack.pool.StackPool` (``OUT/stacks``; the
+    first repeat starts the stack, the later ones reuse it when it is healthy and unchanged,
+    as the pytest gate does). Stops after an interrupted repeat. Exit: 2 when a repeat
+    ended in error (or was aborted), else 1 when one failed, else 0."""
+    overrides = _overrides(sets, var_files)
+    verdicts: list[str] = []
+    code = 0
+    pool = StackPool(out_dir / "stacks")
+    session.set_stack_provider(pool)
+    try:
+        for i in range(1, n + 1):
+            d = out_dir / f"repeat-{i}"
+            try:
+                c, report = run_experiment(file, d, progress=progress, overrides=overrides)
+            except SpecchaosError as exc:
+                _fail(exc)
+                return
+            verdict = (report or {}).get("verdict", "error")
+            verdicts.append(verdict)
+            code = max(code, c)
+            out.print(f"repeat {i}/{n}: {verdict.upper()}   report: {d / 'report.json'}", highlight=False)
+            if any(str(e).startswith("interrupted by") for e in (report or {}).get("errors") or []):
+                code = 2
+                break
+    except KeyboardInterrupt:
+        err.print("specchaos: error: interrupted; the repeats so far are kept")
+        code = 2
+    finally:
+        pool.close()
+        session.set_stack_provider(None)
+    out.print(f"verdicts: {', '.join(verdicts)} ({len(set(verdicts))} distinct); stacks started {pool.starts}, "
+              f"reused {pool.reuses}; compare with: specchaos compare BASE {out_dir}", highlight=False)
+    raise typer.Exit(code)
+
+
 @app.command()
 def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
              sets: Optional[list[str]] = typer.Option(None, "--set", metavar="PATH=VALUE", help=SET_HELP),
@@ -143,6 +192,36 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
         return
     applied = f"; {len(exp.overrides)} override(s) applied" if exp.overrides else ""
     out.print(f"{file}: valid ({exp.title}){applied}", highlight=False)
+
+
+@app.command()
+def compare(a: Path = typer.Argument(..., metavar="A", help="Base: a run directory, or a directory of runs (--repeat)."),
+            b: Path = typer.Argument(..., metavar="B", help="Candidate: a run directory, or a directory of runs."),
+            tolerances: Optional[list[str]] = typer.Option(None, "--tolerance", metavar="NAME=VALUE", help="latency, throughput, recovery (fractions, relative); error_rate, acceptance (absolute). Repeatable."),
+            confidence: float = typer.Option(0.95, "--confidence", help="Coverage of the bootstrap intervals, in (0, 1)."),
+            resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples (at least 10)."),
+            seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+            json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Also write the comparison as JSON."),
+            allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write an Allure result of the comparison here."),
+            everything: bool = typer.Option(False, "--all", help="Print every row (default: every bucket 'all' row and the other rows that moved).")) -> None:
+    """Compare candidate B with base A per phase and bucket, with bootstrap intervals (exit 1 on a regression beyond its tolerance, 0 on none, 2 on bad input)."""
+    try:
+        if not 0 < confidence < 1:
+            raise SpecchaosError(f"must be in (0, 1), got {confidence}", where="--confidence")
+        if resamples < 10:
+            raise SpecchaosError(f"must be at least 10, got {resamples}", where="--resamples")
+        tol = parse_tolerances(tolerances or [])
+        result = do_compare(read_side(a), read_side(b), tolerances=tol, confidence=confidence,
+                            resamples=resamples, seed=seed)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    out.print(render_comparison(result, everything))
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=1))
+    if allure_dir is not None:
+        write_allure_comparison(result, allure_dir)
+    raise typer.Exit(1 if result["verdict"] == "regression" else 0)
 
 
 @app.command()
