@@ -185,6 +185,40 @@ class ServerMemoryConfig(_Strict):
     settle_s: float = Field(0.0, ge=0)
 
 
+class SoakConfig(_Strict):
+    """Soak canaries (:mod:`harness.checks.soak`): over a long run, consecutive windows of
+    ``window_s`` seconds from the baseline's start to the load's stop, a robust trend line
+    (Theil–Sen) through each window series, and what it says over the whole span. Off by
+    default; on, a run without a fault is judged (a soak is the experiment). Limits None =
+    that canary not judged.
+
+    * ``max_acceptance_drop``: the fitted acceptance rate (vLLM's counters) may fall by at
+      most this much (absolute, a fraction) from the first judged window to the last;
+    * ``max_rss_growth_per_30min``: a server process tree's RSS may grow at most this
+      fraction of its fitted start per 30 minutes (the field's "memory swing under 15 %
+      over 30 minutes"), the slope extrapolated, so a short run measures the same rate;
+    * ``max_kv_usage_growth``: the fitted KV-cache usage (a fraction) may rise by at most
+      this much over the span (absolute);
+    * ``max_latency_drift``: the fitted TTFT p95 and TPOT p50 per window may end at most
+      this fraction above where they started (0.5 = 50 % slower);
+    * ``max_errors_per_window``: failed tries in any window (an error burst).
+
+    Windows overlapping a fault's active span, or holding a server restart, are left out of
+    the fits (a fault's effect is judged by the fault's checks). A canary with fewer than
+    ``min_windows`` usable windows is not judged (N/J)."""
+
+    enabled: bool = False
+    window_s: float = Field(60.0, gt=0, le=3600)
+    min_windows: int = Field(4, ge=3)
+    min_draft_tokens: int = Field(50, ge=1)
+    min_requests_per_window: int = Field(5, ge=1)
+    max_acceptance_drop: float | None = Field(0.05, gt=0, le=1)
+    max_rss_growth_per_30min: float | None = Field(0.15, gt=0)
+    max_kv_usage_growth: float | None = Field(0.20, gt=0, le=1)
+    max_latency_drift: float | None = Field(0.5, gt=0)
+    max_errors_per_window: int | None = Field(0, ge=0)
+
+
 class FallbackConfig(_Strict):
     """The speculation circuit breaker's fallback (:mod:`harness.checks.breaker`): from the
     first breach of ``stack.breaker.hard_rejection`` in the recorded metrics to the first
@@ -278,6 +312,7 @@ class CheckLimits(Protocol):
     acceptance_floor: AcceptanceFloorConfig
     speculation: SpeculationConfig
     server_memory: ServerMemoryConfig
+    soak: SoakConfig
     fallback: FallbackConfig
     gpu: GpuConfig
     metrics: MetricsConfig

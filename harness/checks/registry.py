@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from harness.checks import (acceptance_floor, availability, breaker, client_abort, fail_fast, fault, gpu, hang, integrity,
                             liveness, mirror, orphans, recovery, safeguards, server_memory, slo, speculation,
-                            steady_state, steps)
+                            soak, steady_state, steps)
 from harness.checks.base import Check, RecordedRun
 
 __all__ = ["CheckFamily", "CHECKS", "RESERVED_NAMES", "register_check", "unregister_check"]
@@ -52,6 +52,7 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("breaker", breaker.check, breaker.section),
     CheckFamily("safeguards", safeguards.check, safeguards.section),
     CheckFamily("steps", steps.check, steps.section),
+    CheckFamily("soak", soak.check, soak.section),
 )}
 
 

@@ -108,7 +108,7 @@ def coverage_check(phase: str, m: dict[str, Any] | None, need: int) -> CheckResu
 
 
 def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
-               min_samples: int = 1) -> list[CheckResult]:
+               min_samples: int = 1, expected: tuple[str, ...] = PHASES) -> list[CheckResult]:
     """SLO, degradation and coverage checks.
 
     Args:
@@ -117,6 +117,8 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
         deg: degradation limits.
         min_samples: ``metrics.min_samples``: latency checks (and ratios) of a phase with
             fewer complete requests, but at least one, are not judged.
+        expected: the phases the run must have (coverage); without ``fault`` (a soak with no
+            fault) the fault phase's checks are left out.
 
     Returns:
         Checks in a stable order: SLO for baseline then after, fault error rate,
@@ -127,7 +129,7 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
     for ph in ("baseline", "after"):
         out += phase_slo_checks(ph, phases.get(ph), slo, min_samples)
 
-    if deg.fault_max_error_rate is not None:
+    if deg.fault_max_error_rate is not None and "fault" in expected:
         m = phases.get("fault")
         er = None if m is None else m.get("error_rate")
         out.append(
@@ -137,10 +139,10 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
 
     base = phases.get("baseline")
     out += _ratio_checks("after", base, phases.get("after"), deg.after_vs_baseline_max_ratio, min_samples)
-    if deg.fault_vs_baseline_max_ratio is not None:
+    if deg.fault_vs_baseline_max_ratio is not None and "fault" in expected:
         out += _ratio_checks("fault", base, phases.get("fault"), deg.fault_vs_baseline_max_ratio, min_samples)
 
-    out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES]
+    out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES if ph in expected]
     return out
 
 
@@ -178,5 +180,8 @@ def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: floa
 
 def check(run: RecordedRun) -> list[CheckResult]:
     """The SLO, degradation and coverage checks of a recorded run (``metrics.min_samples``
-    of its configuration decides which latency checks are judged)."""
-    return slo_checks(run.phases, run.limits.slo, run.limits.degradation, run.limits.metrics.min_samples)
+    of its configuration decides which latency checks are judged). A soak run without a
+    fault (``soak.enabled``) is expected to have a baseline and an after phase only."""
+    soak = bool(getattr(getattr(run.limits, "soak", None), "enabled", False))
+    expected = ("baseline", "after") if soak and not run.faults else PHASES
+    return slo_checks(run.phases, run.limits.slo, run.limits.degradation, run.limits.metrics.min_samples, expected)

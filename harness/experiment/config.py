@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
                                    FallbackConfig, GpuConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
-                                   RecoveryConfig, SafeguardConfig, ServerMemoryConfig, SloConfig,
+                                   RecoveryConfig, SafeguardConfig, ServerMemoryConfig, SloConfig, SoakConfig,
                                    SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
 from harness.errors import ExperimentError, first_error
@@ -68,6 +68,7 @@ class SpecchaosConfig(BaseModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     server_memory: ServerMemoryConfig = Field(default_factory=ServerMemoryConfig)
+    soak: SoakConfig = Field(default_factory=SoakConfig)
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     safeguards: list[SafeguardConfig] = Field(default_factory=list)

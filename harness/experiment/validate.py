@@ -327,10 +327,11 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
                                   hint=f"known: {', '.join(PHASES)}")
     for loc, _kind, fault in faults:   # what the host must provide (a writable cgroup, a GPU...)
         _check_host(doc, loc, fault, where=str(path), cfg=cfg)
-    if not any(loc.startswith("method[") for loc, _, _ in faults):
+    if not any(loc.startswith("method[") for loc, _, _ in faults) and not cfg.soak.enabled:
         raise ExperimentError("the method injects no fault, so the run would test nothing",
                               where=f"{path}: method",
-                              hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process)")
+                              hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process), or judge a "
+                                   "sustained load with soak.enabled: true")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
     return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
                       method_hold_s=method_hold_s(doc), overrides=sorted(ovs, key=lambda o: o.rank))

@@ -127,6 +127,10 @@ CATEGORIES: list[dict[str, Any]] = [
                                            "breaker.*, fallback.*)",
      "matchedStatuses": ["failed"], "messageRegex": _checks_named("speculation", "acceptance_floor", "mirror",
                                                                   "breaker", "fallback")},
+    {"name": "memory and drift", "description": "server memory swing, and the soak's canaries: acceptance decay, "
+                                                "RSS and KV-cache growth, latency drift, error bursts "
+                                                "(server_memory.*, soak.*)",
+     "matchedStatuses": ["failed"], "messageRegex": _checks_named("server_memory", "soak")},
     {"name": "harness error", "description": "the run could not be judged (verdict error): bad input, a stack that "
                                              "did not start, a fault without evidence, an interruption",
      "matchedStatuses": ["broken"]},

@@ -174,7 +174,7 @@ def test_a_passed_run_gives_one_result_with_steps_params_labels_link_and_attachm
     assert "vLLM=0.32.0" in env and "launcher=local" in env and "k=4" in env
     cats = json.loads((run_dir / RESULTS_DIR / "categories.json").read_text())
     assert [c["name"] for c in cats] == ["SLO", "integrity", "recovery", "liveness and hang", "speculation",
-                                         "harness error"]
+                                         "memory and drift", "harness error"]
     assert json.loads((run_dir / RESULTS_DIR / "executor.json").read_text())["reportName"] == "specchaos"
 
 

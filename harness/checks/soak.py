@@ -1,0 +1,197 @@
+"""Soak canaries: does the stack drift over a long run? (``soak.enabled``; limits in
+:class:`~harness.checks.config.SoakConfig`.)
+
+The judged span runs from the baseline's start (the warm-up excluded) to the load's stop,
+cut into consecutive windows of ``soak.window_s`` seconds (a last partial window is kept
+when at least half as long). Per window, from recorded data only:
+
+* the speculative server's acceptance rate as vLLM counted it (``metrics.jsonl``;
+  :func:`harness.metrics.speculation.acceptance`), when it saw ``min_draft_tokens``;
+* each server's process-tree RSS (median of the window's scrapes of one tree,
+  :func:`harness.checks.server_memory.rss_segments`) and the speculative server's KV-cache
+  usage (mean of ``vllm:kv_cache_usage_perc``);
+* TTFT p95 and TPOT p50 of the load's complete requests sent in it (definitions of
+  :mod:`harness.metrics.latency`, vLLM's serving benchmark), when at least
+  ``min_requests_per_window`` completed; and the tries that failed.
+
+A window overlapping a fault's active span (``acting_at`` → ``cleared_at``), or in which a
+server's process tree changed (a restart), is left out of the fits and of the error-burst
+count: what a fault does is judged by the fault's checks. A robust line (Theil–Sen,
+:mod:`harness.metrics.drift`) through each series' windows gives the checks:
+
+* ``soak.acceptance_drop`` — fitted first − last acceptance rate ≤ ``max_acceptance_drop``;
+* ``soak.<server>.rss_growth_per_30min`` — fitted slope × 1800 s ÷ fitted start ≤
+  ``max_rss_growth_per_30min``;
+* ``soak.kv_usage_growth`` — fitted last − first KV-cache usage ≤ ``max_kv_usage_growth``;
+* ``soak.ttft_p95_drift``, ``soak.tpot_p50_drift`` — fitted last ÷ first − 1 ≤
+  ``max_latency_drift``;
+* ``soak.error_burst`` — the most failed tries in one window ≤ ``max_errors_per_window``.
+
+A canary with fewer than ``min_windows`` usable windows is not judged (N/J, with why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.config import SoakConfig
+from harness.checks.server_memory import rss_segments
+from harness.checks.speculation import series
+from harness.load.records import is_complete
+from harness.metrics.drift import Trend, theil_sen
+from harness.metrics.latency import tpot_s, ttft_s
+from harness.metrics.speculation import SpeculationSeries, server_lines, servers_in
+
+__all__ = ["check", "section", "soak_windows"]
+
+_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def _cfg(run: RecordedRun) -> SoakConfig:
+    return getattr(run.limits, "soak", None) or SoakConfig()
+
+
+def soak_windows(run: RecordedRun, cfg: SoakConfig) -> list[dict[str, Any]]:
+    """The soak's windows with their figures (module doc): ``[{"start", "end",
+    "excluded": reason|None, "requests", "errors", "ttft_p95_s", "tpot_p50_s",
+    "acceptance_rate", "draft_tokens", "kv_usage", "rss_bytes": {server: bytes}}]``;
+    figures None where too thin. Empty without a judged span."""
+    if not run.windows:
+        return []
+    start = run.windows["baseline"][0] if "baseline" in run.windows else min(a for a, _ in run.windows.values())
+    end = max(b for _, b in run.windows.values())
+    bounds = []
+    a = start
+    while a < end:
+        b = min(a + cfg.window_s, end)
+        if b - a >= cfg.window_s / 2:
+            bounds.append((a, b))
+        a += cfg.window_s
+    lines = series(run)
+    spec_lines = server_lines(lines, "spec")
+    spec = SpeculationSeries(spec_lines) if spec_lines else None
+    segments = {name: rss_segments(server_lines(lines, name)) for name in servers_in(lines)}
+    faults = [(f.get("acting_at") or f["injected_at"], f.get("cleared_at") or end) for f in run.faults
+              if f.get("injected_at") is not None]
+    restarts = [e["t"] for e in run.events if e.get("event") in ("server_exited", "server_started")]
+    out = []
+    for a, b in bounds:
+        reason = ("fault" if any(fa < b and fb > a for fa, fb in faults)
+                  else "restart" if any(a <= t < b for t in restarts) else None)
+        sent = [r for r in run.records if a <= r.send_time < b]
+        done = [r for r in sent if is_complete(r)[0]]
+        ttfts = [v for v in (ttft_s(r) for r in done) if v is not None]
+        tpots = [v for v in (tpot_s(r) for r in done) if v is not None]
+        enough = len(done) >= cfg.min_requests_per_window
+        acc = spec.stats(a, b) if spec is not None and spec.speculative else None
+        rate = acc["acceptance_rate"] if acc and acc["draft_tokens"] >= cfg.min_draft_tokens and not acc["resets"] else None
+        kv = [g for ln in spec_lines if a <= ln["t"] < b and ln.get("ok")
+              for g in [next((ln.get("gauges", {}).get(k) for k in _KV if ln.get("gauges", {}).get(k) is not None), None)]
+              if g is not None]
+        rss: dict[str, float | None] = {}
+        for name, segs in segments.items():
+            inside = [[v for t, v in seg if a <= t < b] for seg in segs]
+            inside = [vals for vals in inside if vals]
+            if len(inside) > 1 and reason is None:
+                reason = "restart"
+            rss[name] = float(np.median(max(inside, key=len))) if inside else None
+        out.append({"start": a, "end": b, "excluded": reason, "requests": len(sent),
+                    "errors": len(sent) - len(done),
+                    "ttft_p95_s": float(np.percentile(ttfts, 95)) if enough and ttfts else None,
+                    "tpot_p50_s": float(np.percentile(tpots, 50)) if enough and tpots else None,
+                    "acceptance_rate": rate, "draft_tokens": acc["draft_tokens"] if acc else None,
+                    "kv_usage": float(np.mean(kv)) if kv else None, "rss_bytes": rss})
+    return out
+
+
+def _fit(windows: list[dict[str, Any]], get) -> Trend | None:
+    pts = [((w["start"] + w["end"]) / 2, get(w)) for w in windows if w["excluded"] is None and get(w) is not None]
+    return theil_sen([t for t, _ in pts], [v for _, v in pts]) if pts else None
+
+
+def _analyse(run: RecordedRun) -> dict[str, Any]:
+    if "soak" in run.memo:
+        return run.memo["soak"]
+    cfg = _cfg(run)
+    ws = soak_windows(run, cfg) if cfg.enabled else []
+    servers = sorted({s for w in ws for s in w["rss_bytes"]})
+    fits = {
+        "acceptance_rate": _fit(ws, lambda w: w["acceptance_rate"]),
+        "kv_usage": _fit(ws, lambda w: w["kv_usage"]),
+        "ttft_p95_s": _fit(ws, lambda w: w["ttft_p95_s"]),
+        "tpot_p50_s": _fit(ws, lambda w: w["tpot_p50_s"]),
+        **{f"rss_bytes.{s}": _fit(ws, lambda w, s=s: w["rss_bytes"].get(s)) for s in servers},
+    }
+    run.memo["soak"] = {"windows": ws, "fits": fits, "servers": servers}
+    return run.memo["soak"]
+
+
+def _judge(name: str, trend: Trend | None, observed: float | None, limit: float, cfg: SoakConfig,
+           what: str, unit: str = "") -> CheckResult:
+    if trend is None or trend.points < cfg.min_windows:
+        n = 0 if trend is None else trend.points
+        return CheckResult.not_judged(name, "soak", None, limit,
+                                      f"{n} usable window(s) of {what}, fewer than soak.min_windows ({cfg.min_windows})")
+    if observed is None:
+        return CheckResult.not_judged(name, "soak", None, limit, f"{what}: the fitted start is not positive")
+    detail = (f"{what}: fitted {trend.start:.4g}{unit} → {trend.end:.4g}{unit} over {trend.span_s:.0f} s "
+              f"({trend.points} windows)")
+    return CheckResult(name, "soak", observed <= limit, round(observed, 4), limit, detail)
+
+
+def check(run: RecordedRun) -> list[CheckResult]:
+    """The soak canaries (module doc); none when ``soak.enabled`` is false."""
+    cfg = _cfg(run)
+    if not cfg.enabled:
+        return []
+    a = _analyse(run)
+    fits = a["fits"]
+    out: list[CheckResult] = []
+    if cfg.max_acceptance_drop is not None:
+        t = fits["acceptance_rate"]
+        out.append(_judge("soak.acceptance_drop", t, None if t is None else -t.change, cfg.max_acceptance_drop, cfg,
+                          "acceptance rate"))
+    if cfg.max_rss_growth_per_30min is not None:
+        for s in a["servers"]:
+            t = fits[f"rss_bytes.{s}"]
+            growth = None if t is None or t.start <= 0 else t.slope * 1800.0 / t.start
+            out.append(_judge(f"soak.{s}.rss_growth_per_30min", t, growth, cfg.max_rss_growth_per_30min, cfg,
+                              f"RSS of server {s}", " B"))
+    if cfg.max_kv_usage_growth is not None:
+        t = fits["kv_usage"]
+        out.append(_judge("soak.kv_usage_growth", t, None if t is None else t.change, cfg.max_kv_usage_growth, cfg,
+                          "KV-cache usage"))
+    if cfg.max_latency_drift is not None:
+        for key, what in (("ttft_p95_s", "TTFT p95"), ("tpot_p50_s", "TPOT p50")):
+            t = fits[key]
+            out.append(_judge(f"soak.{key.rsplit('_', 1)[0]}_drift", t, None if t is None else t.relative_change(),
+                              cfg.max_latency_drift, cfg, what, " s"))
+    if cfg.max_errors_per_window is not None:
+        usable = [w for w in a["windows"] if w["excluded"] is None]
+        if not usable:
+            out.append(CheckResult.not_judged("soak.error_burst", "soak", None, cfg.max_errors_per_window,
+                                              "no window outside the faults' spans"))
+        else:
+            worst = max(usable, key=lambda w: w["errors"])
+            out.append(CheckResult("soak.error_burst", "soak", worst["errors"] <= cfg.max_errors_per_window,
+                                   worst["errors"], cfg.max_errors_per_window,
+                                   f"most failed tries in one window of {cfg.window_s:g} s: {worst['errors']} of "
+                                   f"{worst['requests']} ({len(usable)} windows)"))
+    return out
+
+
+def section(run: RecordedRun) -> dict[str, Any]:
+    """The ``soak`` block of ``report.json``: ``{"enabled", "window_s", "windows": [...]
+    (:func:`soak_windows`), "trends": {series: {"slope" (per s), "start", "end", "span_s",
+    "points"}|None}}``; just ``{"enabled": false}`` when off."""
+    cfg = _cfg(run)
+    if not cfg.enabled:
+        return {"enabled": False}
+    a = _analyse(run)
+    return {"enabled": True, "window_s": cfg.window_s, "windows": a["windows"],
+            "trends": {k: None if t is None else {"slope": t.slope, "start": t.start, "end": t.end,
+                                                  "span_s": t.span_s, "points": t.points}
+                       for k, t in a["fits"].items()}}
