@@ -346,6 +346,26 @@ class RetryConfig(BaseModel):
         return self
 
 
+class SourceConfig(BaseModel):
+    """A traffic source (``load.source``): requests read from a file instead of the seeded
+    synthetic prompt set (readers in :mod:`harness.load.sources`). ``path`` is relative to
+    the experiment file's directory, or absolute. ``speedup`` divides a timed trace's
+    arrival times (seconds; mooncake); ``chat`` sends vllm-custom prompts to
+    ``/v1/chat/completions``; ``max_tokens`` is the output length where a record gives
+    none; ``limit`` takes at most that many requests; ``order`` keeps the file's order or
+    shuffles it (seeded by ``load.seed``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["openai", "sharegpt", "vllm-custom", "mooncake"]
+    path: str = Field(min_length=1)
+    speedup: float = Field(1.0, gt=0)
+    chat: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1)
+    order: Literal["file", "shuffled"] = "file"
+
+
 class LoadConfig(BaseModel):
     """Load shape, prompt set and sampling (see module doc). ``short_prompts``,
     ``medium_prompts``, ``long_prompts`` are the counts of the default buckets (< 64,
@@ -379,6 +399,9 @@ class LoadConfig(BaseModel):
     #: The request classes (:class:`RequestClass`), each request drawing one by weight
     #: (seeded); absent: plain completions only, the implicit class ``plain``.
     request_classes: list[RequestClass] | None = None
+    #: A traffic source (:class:`SourceConfig`) replacing the synthetic prompts and the
+    #: request classes; absent: the seeded prompt set.
+    source: SourceConfig | None = None
     mirror: bool = False
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
@@ -426,6 +449,16 @@ class LoadConfig(BaseModel):
             if names.count(n) > 1:
                 raise ValueError(f"request class name {n!r} is used twice")
         return v
+
+    @model_validator(mode="after")
+    def _source_excludes_synthetic(self) -> "LoadConfig":
+        if self.source is None:
+            return self
+        clash = [n for n in ("request_classes", *_LEGACY_COUNTS) if getattr(self, n) is not None]
+        if clash:
+            raise ValueError(f"source replaces the synthetic prompts: remove {', '.join(clash)} "
+                             f"(load.buckets still bucket the source's prompts; their counts are unused)")
+        return self
 
     @model_validator(mode="after")
     def _buckets_or_counts(self) -> "LoadConfig":

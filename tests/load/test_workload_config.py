@@ -159,3 +159,24 @@ def test_bad_profiles(profile, needle):
 ])
 def test_bad_retry_policies(retry, needle):
     assert needle in error({"load": {"retry": retry}})
+
+
+def test_source_block_accepted():
+    load = LoadConfig(source={"format": "mooncake", "path": "sources/t.jsonl", "speedup": 4,
+                              "limit": 10, "order": "shuffled"})
+    assert (load.source.format, load.source.speedup, load.source.limit) == ("mooncake", 4.0, 10)
+    assert load.source.order == "shuffled" and load.source.max_tokens is None
+
+
+@pytest.mark.parametrize("source, extra, needle", [
+    ({"format": "csv", "path": "a"}, {}, "load.source.format"),
+    ({"format": "mooncake", "path": "a", "speedup": 0}, {}, "load.source.speedup"),
+    ({"format": "openai", "path": "a", "colour": 1}, {}, "load.source.colour"),
+    ({"format": "openai", "path": "a"}, {"short_prompts": 3}, "remove short_prompts"),
+    ({"format": "openai", "path": "a"},
+     {"request_classes": [{"name": "x", "weight": 1, "endpoint": "completions", "body": {}}]},
+     "remove request_classes"),
+])
+def test_bad_source_block(source, extra, needle):
+    msg = error({"load": {"source": source, **extra}})
+    assert needle in msg and "\n" not in msg
