@@ -365,6 +365,12 @@ class SourceConfig(BaseModel):
     limit: int | None = Field(None, ge=1)
     order: Literal["file", "shuffled"] = "file"
 
+    @model_validator(mode="after")
+    def _timed_in_order(self) -> "SourceConfig":
+        if self.format == "mooncake" and self.order == "shuffled":
+            raise ValueError("a mooncake trace is replayed at its timestamps: order must be file")
+        return self
+
 
 class LoadConfig(BaseModel):
     """Load shape, prompt set and sampling (see module doc). ``short_prompts``,

@@ -162,10 +162,10 @@ def test_bad_retry_policies(retry, needle):
 
 
 def test_source_block_accepted():
-    load = LoadConfig(source={"format": "mooncake", "path": "sources/t.jsonl", "speedup": 4,
-                              "limit": 10, "order": "shuffled"})
+    load = LoadConfig(source={"format": "mooncake", "path": "sources/t.jsonl", "speedup": 4, "limit": 10})
     assert (load.source.format, load.source.speedup, load.source.limit) == ("mooncake", 4.0, 10)
-    assert load.source.order == "shuffled" and load.source.max_tokens is None
+    assert load.source.order == "file" and load.source.max_tokens is None
+    assert LoadConfig(source={"format": "openai", "path": "a", "order": "shuffled"}).source.order == "shuffled"
 
 
 @pytest.mark.parametrize("source, extra, needle", [
@@ -173,6 +173,7 @@ def test_source_block_accepted():
     ({"format": "mooncake", "path": "a", "speedup": 0}, {}, "load.source.speedup"),
     ({"format": "openai", "path": "a", "colour": 1}, {}, "load.source.colour"),
     ({"format": "openai", "path": "a"}, {"short_prompts": 3}, "remove short_prompts"),
+    ({"format": "mooncake", "path": "a", "order": "shuffled"}, {}, "order must be file"),
     ({"format": "openai", "path": "a"},
      {"request_classes": [{"name": "x", "weight": 1, "endpoint": "completions", "body": {}}]},
      "remove request_classes"),
