@@ -4,7 +4,9 @@ into the prompt-length buckets (:mod:`harness.load.sources` does each step; this
 resolves the path and the options from the config).
 
 Called by ``specchaos validate`` and by the run's pre-flight (:func:`prepare_source`), so a
-bad source is one line naming ``FILE:LINE`` (exit 2) and nothing is started.
+bad source is one line naming ``FILE:LINE`` (exit 2) and nothing is started. The run then
+sends the prepared requests as its prompt set (:func:`source_prompts`, saved as
+``prompts.json`` for the locust process).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from pathlib import Path
 
 from harness.errors import SourceError
 from harness.load.config import LoadConfig
+from harness.load.prompts import Prompt
 from harness.load.sources import RequestSpec, load_source
+
+__all__ = ["prepare_source", "source_path", "source_prompts"]
 
 
 def source_path(load: LoadConfig, base_dir: str | Path) -> Path:
@@ -59,3 +64,27 @@ def prepare_source(load: LoadConfig, base_dir: str | Path, *, tokenizer_dir: str
     if src.order == "shuffled":
         random.Random(load.seed).shuffle(inside)
     return inside[:src.limit] if src.limit else inside
+
+
+def source_prompts(specs: list[RequestSpec], load: LoadConfig) -> list[Prompt]:
+    """The prepared requests (:func:`prepare_source`) as the run's prompt set: prompt ``i``
+    is request ``i`` (ids in the source's order), its bucket, measured length, endpoint,
+    body, ``FILE:LINE`` origin and arrival time carried over; ``text`` the completions
+    prompt when it is text (else ``""``: the body holds token ids or messages);
+    ``max_tokens`` the request's own, else ``load.source.max_tokens``, else
+    ``load.max_tokens``.
+
+    Raises:
+        ValueError: a spec not measured or bucketed (:func:`prepare_source` does both): a bug.
+    """
+    assert load.source is not None
+    default = load.source.max_tokens or load.max_tokens
+    out: list[Prompt] = []
+    for i, s in enumerate(specs):
+        if s.prompt_tokens is None or s.prompt_class is None:
+            raise ValueError(f"{s.origin}: not measured and bucketed")
+        prompt = s.body.get("prompt")
+        out.append(Prompt(i, s.prompt_class, prompt if isinstance(prompt, str) else "", s.prompt_tokens,
+                          s.max_tokens or default, endpoint=s.endpoint, body=dict(s.body), origin=s.origin,
+                          arrival_s=s.arrival_s))
+    return out
