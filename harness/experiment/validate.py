@@ -341,7 +341,7 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
     requests = None
     if cfg.load.source is not None:   # read, measured and bucketed now: a bad source starts nothing
-        requests = prepare_source(cfg.load, Path(path).parent, max_model_len=cfg.stack.max_model_len,
+        requests = prepare_source(cfg.load, Path.cwd(), max_model_len=cfg.stack.max_model_len,
                                   tokenizer_dir=resolve_models(cfg.stack,
                                                                where=f"{path}: configuration.specchaos.stack").target)
     return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],

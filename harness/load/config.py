@@ -349,7 +349,8 @@ class RetryConfig(BaseModel):
 class SourceConfig(BaseModel):
     """A traffic source (``load.source``): requests read from a file instead of the seeded
     synthetic prompt set (readers in :mod:`harness.load.sources`). ``path`` is relative to
-    the experiment file's directory, or absolute. ``speedup`` divides a timed trace's
+    the working directory (as ``stack.models_dir``; ``chaos run`` does not tell the control
+    where the experiment file is), or absolute. ``speedup`` divides a timed trace's
     arrival times (seconds; mooncake); ``chat`` sends vllm-custom prompts to
     ``/v1/chat/completions``; ``max_tokens`` is the output length where a record gives
     none; ``limit`` takes at most that many requests; ``order`` keeps the file's order or

@@ -24,7 +24,9 @@ __all__ = ["prepare_source", "source_path", "source_prompts"]
 
 def source_path(load: LoadConfig, base_dir: str | Path) -> Path:
     """``load.source.path`` made absolute: relative paths are taken from ``base_dir`` (the
-    experiment file's directory). Raises nothing; a missing file is the reader's SourceError."""
+    working directory at validate and run, as ``stack.models_dir``: plain ``chaos run`` does
+    not tell the control where the experiment file is, so one rule serves both entry
+    points). Raises nothing; a missing file is the reader's SourceError."""
     assert load.source is not None
     p = Path(load.source.path)
     return p if p.is_absolute() else Path(base_dir) / p

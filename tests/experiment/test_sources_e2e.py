@@ -27,8 +27,9 @@ COUNTS = ("short_prompts", "medium_prompts", "long_prompts")
 
 
 def run_source(tmp: Path, name: str, source: dict, **config) -> tuple[int, dict, Path]:
-    """:func:`fast_experiment` with ``load.source`` (paths relative to ``tmp``) instead of
+    """:func:`fast_experiment` with ``load.source`` (its path taken in ``tmp``) instead of
     the generated prompt counts; run in this process."""
+    source = {**source, "path": str(tmp / source["path"])}   # (a relative path is the working directory's)
     path = fast_experiment(tmp, name, load={"source": source, **config.pop("load", {})}, **config)
     doc = yaml.safe_load(path.read_text())
     load = doc["configuration"]["specchaos"]["load"]

@@ -36,12 +36,12 @@ def source_doc(fmt: str = "mooncake", path: str = "src.jsonl", **extra) -> dict:
 ])
 def test_bad_source_is_one_line_with_file_and_line(tmp_path, text, needle):
     (tmp_path / "src.jsonl").write_text(text)
-    res = cli("validate", str(write(tmp_path, source_doc())))
+    res = cli("validate", str(write(tmp_path, source_doc())), cwd=tmp_path)
     assert_one_line_error(res, needle)
 
 
 def test_missing_source_file(tmp_path):
-    res = cli("validate", str(write(tmp_path, source_doc(path="nowhere.jsonl"))))
+    res = cli("validate", str(write(tmp_path, source_doc(path="nowhere.jsonl"))), cwd=tmp_path)
     assert_one_line_error(res, "nowhere.jsonl: no such file")
 
 
@@ -49,13 +49,17 @@ def test_source_beside_request_classes_is_refused(tmp_path):
     d = source_doc()
     d["configuration"]["specchaos"]["load"]["request_classes"] = [{"name": "plain", "weight": 1}]
     (tmp_path / "src.jsonl").write_text(TRACE)
-    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "load: ", "remove request_classes")
+    assert_one_line_error(cli("validate", str(write(tmp_path, d)), cwd=tmp_path), "load: ", "remove request_classes")
 
 
-def test_good_source_validates_relative_to_the_experiment(tmp_path):
-    (tmp_path / "src.jsonl").write_text(TRACE)
-    res = cli("validate", str(write(tmp_path, source_doc())))
+def test_a_relative_source_path_is_taken_from_the_working_directory(tmp_path):
+    (tmp_path / "exps").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "src.jsonl").write_text(TRACE)
+    exp = write(tmp_path / "exps", source_doc(path="data/src.jsonl"))
+    res = cli("validate", str(exp), cwd=tmp_path)   # as stack.models_dir: one rule for validate, run and chaos run
     assert res.returncode == 0, res.stderr
+    assert_one_line_error(cli("validate", str(exp), cwd=tmp_path / "exps"), "data/src.jsonl: no such file")
 
 
 def test_shipped_example_sources_bucket_by_measured_length():
