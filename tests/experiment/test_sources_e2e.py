@@ -160,3 +160,25 @@ def test_a_mooncake_trace_is_replayed_open_loop_at_its_timestamps(tmp_path):
     assert (len(recs) - 1) / span == pytest.approx(n / PERIOD_S, rel=0.1)
     assert {r.origin for r in recs} == {f"{tmp_path / 'trace.jsonl'}:{i}" for i in range(1, n + 1)}
     assert rep["integrity"]["compared"] >= 10 and rep["integrity"]["mismatched"] == 0
+
+
+def test_a_vllm_custom_source_in_mirror_mode_sends_each_request_to_both_servers(tmp_path):
+    words = "river stone bridge light water garden tower road field market".split()
+    lines = [{"prompt": " ".join(words[i:] + words[:i]) + " and more words to say here", "output_tokens": 6 + i}
+             for i in range(6)]
+    (tmp_path / "custom.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code, rep, out = run_source(tmp_path, "custom", {"format": "vllm-custom", "path": "custom.jsonl", "chat": True},
+                                load={"users": 4, "mirror": True}, mirror={"min_requests": 3})
+    assert_passed(code, rep)
+    recs = [r for r in read_records(out / "records.jsonl") if r.source == "load"]
+    spec = [r for r in recs if r.server == "spec"]
+    ref = [r for r in recs if r.server == "ref"]
+    assert spec and ref
+    for side in (spec, ref):   # the same source requests on both sides, with their origins
+        assert {r.origin for r in side} == {f"{tmp_path / 'custom.jsonl'}:{i}" for i in range(1, 7)}
+        assert {r.endpoint for r in side} == {"chat"}
+        assert all(r.max_tokens == lines[r.prompt_id]["output_tokens"] for r in side)
+    # the mirror comparison groups them by measured bucket, as generated prompts
+    judged = [g for g in rep["mirror"]["groups"] if g["judged"]]
+    assert {(g["bucket"], g["sampling"]) for g in judged} >= {("short", "greedy")}
+    assert all(g["spec"]["complete"] >= 3 and g["ref"]["complete"] >= 3 for g in judged)
