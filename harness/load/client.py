@@ -111,10 +111,11 @@ SOURCE_SAMPLED = "source-sampled"
 
 def sampling_name(prompt: Prompt, sampling: SamplingClass | None) -> str:
     """The record's ``sampling``: the class's name, or for a source body that sets its own
-    ``temperature`` :data:`~harness.load.config.GREEDY`'s name at 0, else
-    :data:`SOURCE_SAMPLED`."""
-    if prompt.body is not None and "temperature" in prompt.body:
-        return GREEDY.name if prompt.body["temperature"] == 0 else SOURCE_SAMPLED
+    ``temperature`` or ``top_p`` (the class is then not applied, :func:`completion_body`)
+    :data:`~harness.load.config.GREEDY`'s name at temperature 0 (the harness's, when the
+    body sets only ``top_p``), else :data:`SOURCE_SAMPLED`."""
+    if prompt.body is not None and {"temperature", "top_p"} & prompt.body.keys():
+        return GREEDY.name if prompt.body.get("temperature", 0) == 0 else SOURCE_SAMPLED
     return (sampling or GREEDY).name
 
 

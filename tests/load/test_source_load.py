@@ -75,6 +75,8 @@ def test_the_record_names_the_source_sampling():
     assert sampling_name(p[2], GREEDY) == SOURCE_SAMPLED   # its own temperature 0.8
     zero = Prompt(0, "short", "x", 3, 4, body={"prompt": "x", "temperature": 0}, origin="f:1")
     assert sampling_name(zero, hot) == GREEDY.name and LOAD.greedy_classes() == {GREEDY.name}
+    top_p = Prompt(0, "short", "x", 3, 4, body={"prompt": "x", "top_p": 0.5}, origin="f:1")
+    assert completion_body(top_p, "m", sampling=hot)["temperature"] == 0 and sampling_name(top_p, hot) == GREEDY.name
     assert GREEDY.name in LoadConfig(source={"format": "openai", "path": "a"},
                                      sampling=[{"name": "g0", "temperature": 0}]).greedy_classes()
 
