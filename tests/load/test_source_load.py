@@ -16,6 +16,7 @@ from harness.load.profiles import (Walk, arrivals, load_section, plan_digest, pl
 from harness.load.prompts import Prompt, load_prompt_set, save_prompt_set
 from harness.load.source_prep import source_prompts
 from harness.load.sources import RequestSpec
+from harness.report.summary import workload_line
 
 
 def spec(i: int, body: dict, endpoint: str = "completions", arrival_s: float | None = None,
@@ -139,3 +140,14 @@ def test_the_load_section_and_digest_name_the_source():
     assert sec["profile"]["kind"] == "open" and sec["profile"]["rate"] is None
     other = timed_prompts([0.0, 1.0, 2.5])
     assert plan_digest(load, prompts) != plan_digest(load, other)   # arrival times are part of the plan
+
+
+def test_the_workload_line_says_the_trace_sets_the_arrivals():
+    load = parse_config({"load": {"source": {"format": "mooncake", "path": "t.jsonl", "speedup": 2},
+                                  "profile": {"kind": "open", "max_in_flight": 8}}}).load
+    line = workload_line(load_section(load, timed_prompts([0.0, 1.0, 2.0])))
+    assert line.startswith("workload: open loop at the trace's timestamps (speedup 2, repeats every 3 s), "
+                           "max in flight 8;")
+    assert "; source mooncake t.jsonl (3 requests)" in line
+    closed = workload_line(load_section(LOAD, source_prompts(SPECS, LOAD)))
+    assert "closed loop" in closed and "source openai src.jsonl (4 requests)" in closed
