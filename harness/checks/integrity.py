@@ -183,7 +183,8 @@ def integrity_checks(
         "near_ties", "malformed", "cut_by_planned_stop", "false_success", "not_comparable",
         "first_divergence", "examples"}`` where
         ``first_divergence`` is the first mismatch in words (or None) and ``examples``
-        holds up to 5 request ids with reasons per defect.
+        holds up to 5 request ids with reasons per defect (and a traffic source's request,
+        its ``origin``, ``FILE:LINE``, also named in ``first_divergence``).
     """
     refs: dict[int, RequestRecord] = {}
     for pid, ref in reference.items():
@@ -202,7 +203,8 @@ def integrity_checks(
 
     def note(kind: str, r: RequestRecord, why: str) -> None:
         if len(examples[kind]) < _EXAMPLES:
-            examples[kind].append({"request_id": r.request_id, "prompt_id": r.prompt_id, "detail": why})
+            examples[kind].append({"request_id": r.request_id, "prompt_id": r.prompt_id, "detail": why,
+                                   **({"origin": r.origin} if r.origin else {})})
 
     for r in records:
         ok, why = is_complete(r)
@@ -234,7 +236,7 @@ def integrity_checks(
             mismatched += 1
             note("mismatched", r, diff)
             if first is None:
-                first = f"request {r.request_id} (prompt {r.prompt_id}): {diff}"
+                first = f"request {r.request_id} (prompt {r.prompt_id}{', ' + r.origin if r.origin else ''}): {diff}"
 
     def zero(name: str, n: int, what: str) -> CheckResult:
         ex = examples[name]

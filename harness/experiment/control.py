@@ -98,7 +98,7 @@ def configure_control(configuration: dict | None = None, experiment: dict | None
         _refused = exc.one_line()   # Chaos Toolkit logs it when the run is interrupted
         return
     sess.open_session(sess.RunInfo(title=exp.title, source=CHAOS_RUN, out_dir=out, cfg=exp.cfg, faults=exp.faults,
-                                   method_hold_s=exp.method_hold_s, meta=run_meta(exp)))
+                                   method_hold_s=exp.method_hold_s, meta=run_meta(exp), requests=exp.requests))
     # as `specchaos run` writes them: `specchaos report DIR` re-judges from these
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))

@@ -61,7 +61,8 @@ def run(path: str | Path, out_dir: str | Path, progress: bool = False,
     exp = load_experiment(path, overrides=overrides)
     out = prepare_out_dir(out_dir)
     s = sess.open_session(sess.RunInfo(title=exp.title, source=str(exp.path), out_dir=out, cfg=exp.cfg,
-                                       faults=exp.faults, method_hold_s=exp.method_hold_s, meta=run_meta(exp)))
+                                       faults=exp.faults, method_hold_s=exp.method_hold_s, meta=run_meta(exp),
+                                       requests=exp.requests))
     (out / "experiment.json").write_text(json.dumps(exp.doc, indent=2, default=str))
     (out / "config.json").write_text(exp.cfg.model_dump_json(indent=2))
     journal: dict | None = None

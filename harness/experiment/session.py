@@ -42,6 +42,8 @@ from harness.load.locust_process import LocustProcess, exit_reason
 from harness.load.profiles import load_section, read_load_stats
 from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import worker_record_files, write_records
+from harness.load.source_prep import source_prompts
+from harness.load.sources import RequestSpec
 from harness.metrics.gpu_telemetry import GPU_FILE, GpuSampler
 from harness.metrics.harness_cpu import CpuMeter, load_requests
 from harness.metrics.health import HealthSampler
@@ -84,6 +86,9 @@ class RunInfo:
     #: Seconds the method holds faults and pauses (``validate.method_hold_s``): added to the
     #: load's run time, so the load outlasts the longest method.
     method_hold_s: float = 0.0
+    #: ``load.source``'s requests as validation prepared them (``Experiment.requests``):
+    #: the run's prompt set instead of the generated one; None without a source.
+    requests: list[RequestSpec] | None = None
 
 
 class RunInterrupted(SpecchaosError):
@@ -181,15 +186,22 @@ class Session:
         self.injector.prepare(self.info.faults)   # e.g. a proxy on the load path
 
         lc = cfg.load
-        self.prompts = build_bucketed_prompt_set(target_dir, lc.bucket_specs(), seed=lc.seed,
-                                                 max_tokens=lc.max_tokens, max_tokens_by_bucket=lc.bucket_max_tokens())
+        if lc.source is not None:   # the source's requests, prepared at validation
+            if self.info.requests is None:
+                raise LoadError("load.source is set but its requests were not prepared", where="RunInfo.requests",
+                                hint="open the session from a validated experiment (Experiment.requests)")
+            self.prompts = source_prompts(self.info.requests, lc)
+        else:
+            self.prompts = build_bucketed_prompt_set(target_dir, lc.bucket_specs(), seed=lc.seed, max_tokens=lc.max_tokens,
+                                                     max_tokens_by_bucket=lc.bucket_max_tokens())
         save_prompt_set(self.prompts_path, self.prompts)
         self.info.meta["load"] = load_section(lc, self.prompts)   # run.json and report.json: profile, retry, digest
         self.write_meta()
         if "ref" in self.stack.servers:
             ref = self.stack.servers["ref"]
-            log.info("fetching reference outputs for %d prompts from the non-speculative server", len(self.prompts))
-            reference = fetch_reference(ref.base_url, ref.model, self.prompts,
+            fixed = [p for p in self.prompts if p.deterministic]   # a sampled source body has no reference
+            log.info("fetching reference outputs for %d prompts from the non-speculative server", len(fixed))
+            reference = fetch_reference(ref.base_url, ref.model, fixed,
                                         timeout_s=lc.request_timeout_s, ignore_eos=lc.ignore_eos)
             write_records(self.reference_path, [reference[k] for k in sorted(reference)])
 

@@ -42,7 +42,9 @@ from harness.experiment.config import SpecchaosConfig, parse_config
 from harness.experiment.overrides import (CONFIG_VAR, Override, apply_overrides, config_var_overrides,
                                          unknown_field_hint)
 from harness.metrics.phases import PHASES
-from harness.stack.preflight import check_stack
+from harness.load.source_prep import prepare_source
+from harness.load.sources import RequestSpec
+from harness.stack.preflight import check_stack, resolve_models
 
 __all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment",
            "check_experiment", "run_meta"]
@@ -76,6 +78,9 @@ class Experiment:
     method_hold_s: float = 0.0
     #: The overrides applied to ``configuration.specchaos`` (lowest precedence first).
     overrides: list[Override] = field(default_factory=list)
+    #: ``load.source``'s requests, read, measured and bucketed
+    #: (:func:`harness.load.source_prep.prepare_source`); None without a source.
+    requests: list[RequestSpec] | None = None
 
     @property
     def title(self) -> str:
@@ -269,6 +274,8 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
 
     Raises:
         ExperimentError, ModelError, StackError: as :func:`load_experiment`.
+        SourceError: a bad ``load.source`` (:func:`harness.load.source_prep.prepare_source`),
+            naming ``FILE:LINE``.
     """
     check_keys(doc, str(path))   # a misspelt key would be ignored by Chaos Toolkit: refused here
     faults = list(fault_activities(doc, where=str(path)))   # before Chaos Toolkit: errors name the field
@@ -333,8 +340,14 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process), or judge a "
                                    "sustained load with soak.enabled: true")
     check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
+    requests = None
+    if cfg.load.source is not None:   # read, measured and bucketed now: a bad source starts nothing
+        requests = prepare_source(cfg.load, Path.cwd(), max_model_len=cfg.stack.max_model_len,
+                                  tokenizer_dir=resolve_models(cfg.stack,
+                                                               where=f"{path}: configuration.specchaos.stack").target)
     return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
-                      method_hold_s=method_hold_s(doc), overrides=sorted(ovs, key=lambda o: o.rank))
+                      method_hold_s=method_hold_s(doc), overrides=sorted(ovs, key=lambda o: o.rank),
+                      requests=requests)
 
 
 def run_meta(exp: Experiment) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 One request is a streaming ``POST /v1/completions`` (greedy unless a sampling class says otherwise) (OpenAI completions API as
 served by vLLM), or ``POST /v1/chat/completions`` for a chat request class
-(:func:`request_body`), whose whole exchange becomes one :class:`~harness.load.records.RequestRecord`.
+(:func:`request_body`) or a traffic source's chat request (:func:`completion_body`), whose whole exchange becomes one :class:`~harness.load.records.RequestRecord`.
 Server and network faults never raise: they become ``record.error`` (classes documented
 in :mod:`harness.load.records`). SSE is parsed with ``httpx-sse``.
 
@@ -73,6 +73,12 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
     extension: per-chunk ``token_ids``). With ``top_logprobs`` > 0, the OpenAI ``logprobs``
     field asks for that many most likely tokens per position, named by id (vLLM's
     ``return_tokens_as_token_ids``: keys ``"token_id:<id>"``).
+
+    A traffic source's prompt (``prompt.body`` set): the same defaults, then the source's
+    body on top (its ``prompt`` or ``messages`` and every field it sets win; the harness's
+    ``model``, ``stream`` and ``stream_options`` stay, :data:`~harness.load.endpoints.HARNESS_FIELDS`).
+    The sampling class applies only when the body sets neither ``temperature`` nor
+    ``top_p``; ``top_logprobs`` only to a completions body (chat names tokens otherwise).
     """
     body: dict[str, Any] = {
         "model": model,
@@ -84,10 +90,33 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
         "return_token_ids": True,
         "ignore_eos": ignore_eos,
     }
-    body.update((sampling or GREEDY).body())
-    if top_logprobs > 0:
+    source = prompt.body
+    if source is None or not {"temperature", "top_p"} & source.keys():
+        body.update((sampling or GREEDY).body())
+    if top_logprobs > 0 and prompt.endpoint == "completions":
         body.update(logprobs=top_logprobs, return_tokens_as_token_ids=True)
+    if source is not None:
+        del body["prompt"]
+        body.update(passed_through(source))
     return body
+
+
+#: The record's ``request_class`` of a traffic source's request (``load.source``).
+SOURCE_CLASS = "source"
+
+#: The record's ``sampling`` of a source request whose body sets a non-zero ``temperature``
+#: (not a sampling class of ``load.sampling``; never compared with the reference).
+SOURCE_SAMPLED = "source-sampled"
+
+
+def sampling_name(prompt: Prompt, sampling: SamplingClass | None) -> str:
+    """The record's ``sampling``: the class's name, or for a source body that sets its own
+    ``temperature`` or ``top_p`` (the class is then not applied, :func:`completion_body`)
+    :data:`~harness.load.config.GREEDY`'s name at temperature 0 (the harness's, when the
+    body sets only ``top_p``), else :data:`SOURCE_SAMPLED`."""
+    if prompt.body is not None and {"temperature", "top_p"} & prompt.body.keys():
+        return GREEDY.name if prompt.body.get("temperature", 0) == 0 else SOURCE_SAMPLED
+    return (sampling or GREEDY).name
 
 
 def request_body(prompt: Prompt, model: str, ignore_eos: bool = False, sampling: SamplingClass | None = None,
@@ -306,7 +335,8 @@ def stream_completion(
             network faults.
     """
     check_loopback_url(base_url)
-    endpoint = request_class.endpoint if request_class is not None else "completions"
+    endpoint = (prompt.endpoint if prompt.body is not None
+                else request_class.endpoint if request_class is not None else "completions")
     url = base_url.rstrip("/") + ENDPOINTS[endpoint]
     if request_class is not None:
         body = request_body(prompt, model, ignore_eos, sampling, request_class, history)
@@ -320,15 +350,17 @@ def stream_completion(
         prompt_class=prompt.prompt_class,
         max_tokens=asked_max_tokens(body) or prompt.max_tokens,
         server=server,
-        sampling=(sampling or GREEDY).name,
+        sampling=sampling_name(prompt, sampling),
         attempt=attempt,
         logical_id=logical_id,
-        request_class=request_class.name if request_class is not None else "plain",
+        request_class=(SOURCE_CLASS if prompt.body is not None
+                       else request_class.name if request_class is not None else "plain"),
         endpoint=endpoint,
         turn=len(history) // 2 + 1,
+        origin=prompt.origin,
     )
-    if request_class is not None and body.get("logprobs") not in (None, False):
-        rec.logprobs = []   # the class asks for logprobs: collect them (see _take_chunk)
+    if (request_class is not None or prompt.body is not None) and body.get("logprobs") not in (None, False):
+        rec.logprobs = []   # the class (or the source's body) asks for logprobs: collect them (see _take_chunk)
     rec.send_time = clock.now()
     t0 = time.perf_counter()
     guard = _Deadline(t0 + timeout_s)

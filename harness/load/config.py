@@ -255,7 +255,8 @@ class ProfileConfig(BaseModel):
     * ``kind: closed`` (default): ``users`` concurrent users (default ``load.users``), each
       sending its next request when the previous one ended (and ``think_time_s`` passed).
     * ``kind: open``: arrivals at ``rate`` requests/s from a seeded generator, independent
-      of response times. Inter-arrival gaps are gamma distributed with shape
+      of response times; with a timed traffic source (``load.source.format: mooncake``)
+      no ``rate``: the trace's timestamps are the arrivals. Inter-arrival gaps are gamma distributed with shape
       ``burstiness`` and scale ``1 / (rate * burstiness)``: mean ``1 / rate``, coefficient
       of variation ``1 / sqrt(burstiness)``; ``burstiness: 1`` is a Poisson process. This is
       ``vllm bench serve --burstiness`` (vllm/benchmarks/serve.py, ``get_request``). At most
@@ -287,8 +288,7 @@ class ProfileConfig(BaseModel):
     def _consistent(self) -> "ProfileConfig":
         closed = self.kind == "closed"
         unit, other = ("users", "rate") if closed else ("rate", "users")
-        if not closed and self.rate is None:
-            raise ValueError("an open-loop profile needs rate (requests/s > 0)")
+        # an open loop without rate takes its arrivals from a timed source (LoadConfig checks that)
         # by value, not by "was it given": a dumped config (config.json) must parse again
         misplaced = [f for f, default in (("burstiness", 1.0), ("max_in_flight", 64))
                      if closed and getattr(self, f) != default]
@@ -346,6 +346,33 @@ class RetryConfig(BaseModel):
         return self
 
 
+class SourceConfig(BaseModel):
+    """A traffic source (``load.source``): requests read from a file instead of the seeded
+    synthetic prompt set (readers in :mod:`harness.load.sources`). ``path`` is relative to
+    the working directory (as ``stack.models_dir``; ``chaos run`` does not tell the control
+    where the experiment file is), or absolute. ``speedup`` divides a timed trace's
+    arrival times (seconds; mooncake); ``chat`` sends vllm-custom prompts to
+    ``/v1/chat/completions``; ``max_tokens`` is the output length where a record gives
+    none; ``limit`` takes at most that many requests; ``order`` keeps the file's order or
+    shuffles it (seeded by ``load.seed``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["openai", "sharegpt", "vllm-custom", "mooncake"]
+    path: str = Field(min_length=1)
+    speedup: float = Field(1.0, gt=0)
+    chat: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1)
+    order: Literal["file", "shuffled"] = "file"
+
+    @model_validator(mode="after")
+    def _timed_in_order(self) -> "SourceConfig":
+        if self.format == "mooncake" and self.order == "shuffled":
+            raise ValueError("a mooncake trace is replayed at its timestamps: order must be file")
+        return self
+
+
 class LoadConfig(BaseModel):
     """Load shape, prompt set and sampling (see module doc). ``short_prompts``,
     ``medium_prompts``, ``long_prompts`` are the counts of the default buckets (< 64,
@@ -379,6 +406,9 @@ class LoadConfig(BaseModel):
     #: The request classes (:class:`RequestClass`), each request drawing one by weight
     #: (seeded); absent: plain completions only, the implicit class ``plain``.
     request_classes: list[RequestClass] | None = None
+    #: A traffic source (:class:`SourceConfig`) replacing the synthetic prompts and the
+    #: request classes; absent: the seeded prompt set.
+    source: SourceConfig | None = None
     mirror: bool = False
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
@@ -426,6 +456,45 @@ class LoadConfig(BaseModel):
             if names.count(n) > 1:
                 raise ValueError(f"request class name {n!r} is used twice")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_implies_open_loop(cls, data: Any) -> Any:
+        """A timed source without a profile is replayed open loop (``profile: {kind: open}``)."""
+        if isinstance(data, dict) and "profile" not in data and isinstance(data.get("source"), dict) \
+                and data["source"].get("format") == "mooncake":
+            data = {**data, "profile": {"kind": "open"}}
+        return data
+
+    @model_validator(mode="after")
+    def _arrivals_from_rate_or_trace(self) -> "LoadConfig":
+        p = self.profile
+        timed = self.source is not None and self.source.format == "mooncake"
+        if timed:
+            given = [f for f, bad in (("rate", p.rate is not None), ("ramp", p.ramp is not None),
+                                      ("steps", bool(p.steps)), ("burstiness", p.burstiness != 1.0)) if bad]
+            if p.kind != "open" or given:
+                wrong = f"kind: {p.kind}" if p.kind != "open" else "profile." + ", profile.".join(given)
+                raise ValueError(f"a mooncake trace is replayed open loop at its own timestamps, so {wrong} "
+                                 f"contradicts it: set profile to {{kind: open}} (max_in_flight allowed) or leave "
+                                 f"profile out; load.source.speedup scales the trace's pace")
+        elif p.kind == "open" and p.rate is None:
+            raise ValueError("an open-loop profile needs rate (requests/s > 0); only a timed source "
+                             "(load.source.format: mooncake) brings its own arrivals")
+        return self
+
+    @model_validator(mode="after")
+    def _source_excludes_synthetic(self) -> "LoadConfig":
+        if self.source is None:
+            return self
+        # the counts by value, not by "was it given": a dumped config (config.json) holds the
+        # defaults filled in below and must parse again
+        clash = ["request_classes"] if self.request_classes is not None else []
+        clash += [n for n, default in _LEGACY_COUNTS.items() if getattr(self, n) not in (None, default)]
+        if clash:
+            raise ValueError(f"source replaces the synthetic prompts: remove {', '.join(clash)} "
+                             f"(load.buckets still bucket the source's prompts; their counts are unused)")
+        return self
 
     @model_validator(mode="after")
     def _buckets_or_counts(self) -> "LoadConfig":
@@ -514,5 +583,8 @@ class LoadConfig(BaseModel):
         return {c.name for c in self.classes() if reference_comparable(c)}
 
     def greedy_classes(self) -> set[str]:
-        """Names of the greedy sampling classes (temperature 0)."""
-        return {s.name for s in self.sampling if s.greedy}
+        """Names of the greedy sampling classes (temperature 0); with a traffic source also
+        :data:`GREEDY`'s name, which a source request that sets ``temperature: 0`` itself is
+        recorded under (:func:`harness.load.client.sampling_name`)."""
+        names = {s.name for s in self.sampling if s.greedy}
+        return names | {GREEDY.name} if self.source is not None else names

@@ -84,6 +84,8 @@ def exit_reason(path: Path) -> str:
 
 def _describe(cfg: LoadConfig) -> str:
     p = cfg.profile
+    if p.kind == "open" and p.rate is None:
+        return f"open loop at the trace's timestamps (speedup {cfg.source.speedup:g})" if cfg.source else "open loop"
     if p.kind == "open":
         return f"open loop {p.rate:g} req/s (burstiness {p.burstiness:g})"
     return f"{cfg.closed_users()} users"

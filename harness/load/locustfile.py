@@ -14,6 +14,10 @@ not change the prompt walk), and its request class likewise
 (``random.Random(f"class:{SPECCHAOS_SEED}:{user index}")``): the class's endpoint and body
 fields (:func:`harness.load.client.request_body`); a multi-turn chat class (``turns``) sends
 its turns one after the other, each carrying the earlier ones (:func:`send_conversation`).
+A traffic source's prompt set (``load.source``: prompts with a ``body`` and an ``origin``)
+is walked in its own order instead, user ``u`` starting at
+:func:`harness.load.profiles.source_start`, wrapping; each request is the source's body
+(:func:`harness.load.client.completion_body`), recorded with its ``origin``.
 
 Mirror mode (``SPECCHAOS_MIRROR_HOST`` set): every step sends the same request (prompt
 and sampling class) to the speculative server (``--host``, records ``server="spec"``)
@@ -43,7 +47,10 @@ Profiles (``SPECCHAOS_PROFILE``, :mod:`harness.load.profiles`):
   true open loop, unlike locust's ``constant_throughput``, which paces each user after its
   own response). The ``i``-th arrival sends the ``i``-th request of one seeded walk
   (user 0). At most ``max_in_flight`` requests run at once; an arrival beyond it is
-  dropped and counted. Records carry ``user_id`` 0. ``load_stats.json`` beside the records
+  dropped and counted. With a timed traffic source (``load.source.format: mooncake``) the
+  arrival instants are the trace's own (:func:`harness.load.profiles.trace_arrivals`,
+  repeated while the load runs) and arrival ``i`` sends the source's request
+  ``i % n``. Records carry ``user_id`` 0. ``load_stats.json`` beside the records
   says how many arrivals came, were dropped, and how late the scheduler sent (``lag``).
   Distributed (``SPECCHAOS_WORKER_COUNT`` N > 0, ``-u N``: one scheduler per worker):
   worker ``k`` walks the same arrival sequence and walk and sends the arrivals ``i`` with
@@ -117,7 +124,7 @@ from harness.errors import LoadError, first_error
 from harness.load.client import check_loopback_url, make_client, stream_completion, user_message
 from harness.load.config import GREEDY, PLAIN, ProfileConfig, RequestClass, RetryConfig, SamplingClass
 from harness.load.endpoints import ENDPOINTS
-from harness.load.profiles import Walk, iter_arrivals, share, users_at
+from harness.load.profiles import Walk, arrivals, share, timed, trace_period_s, users_at
 from harness.load.prompts import Prompt, load_prompt_set
 from harness.load.records import RequestRecord, append_record, worker_records_path
 from harness.load.retry import backoff_s, retryable
@@ -512,7 +519,10 @@ class OpenLoopUser(User):
         p = SETTINGS.profile
         #: this process's part of the arrivals: ``i % stride == part`` (all of them without workers)
         self.stride, self.part = max(1, SETTINGS.worker_count), SETTINGS.worker_index
-        self.stats = OpenLoopStats(rate=p.rate or 0.0, burstiness=p.burstiness,
+        rate = p.rate
+        if rate is None and timed(SETTINGS.prompts):   # a timed source: its mean rate per period
+            rate = len(SETTINGS.prompts) / trace_period_s([q.arrival_s for q in SETTINGS.prompts])
+        self.stats = OpenLoopStats(rate=rate or 0.0, burstiness=p.burstiness,
                                    max_in_flight=share(p.max_in_flight, self.stride, self.part))
         self.pool = gevent.pool.Group()
         self._client = None
@@ -540,7 +550,7 @@ class OpenLoopUser(User):
         walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, 0, _walk_classes())
         t0 = time.monotonic()
         lag_sum = 0.0
-        for i, at in enumerate(iter_arrivals(p, SETTINGS.seed)):
+        for i, at in enumerate(arrivals(p, SETTINGS.prompts, SETTINGS.seed)):
             prompt, sampling = walk.next()   # the i-th arrival takes the walk's i-th request, sent or not
             request_class = _sent_class(walk)
             if i % self.stride != self.part:

@@ -19,8 +19,14 @@ plan, so what the digest describes is what the load sends.
   "operational time" ``Λ(t) = ∫ rate``, mapped back through ``Λ⁻¹`` — so a step changes the
   rate at its instant, not at the next request index as vLLM's ramp-up does. Seeded with
   numpy's PCG64 (``numpy.random.default_rng([seed, 1])``).
+* **Trace arrivals** (open loop, timed source): the source's own ``arrival_s``
+  (:func:`trace_arrivals`), request ``i`` at its instant, regardless of earlier responses;
+  the trace repeats while the load runs, pass ``k`` shifted by ``k`` periods
+  (:func:`trace_period_s`: the trace's span plus its mean gap, so a pass never lands on
+  the one before).
 * **Walk**: each user's seeded prompt order (a fresh shuffle per pass of the prompt set,
-  ``random.Random(seed + user)``) and sampling draws (by weight,
+  ``random.Random(seed + user)``; a traffic source's prompt set in its own order instead,
+  wrapping, user ``u`` starting at :func:`source_start`) and sampling draws (by weight,
   ``random.Random(f"sampling:{seed}:{user}")``, no draw with one class) and request-class
   draws (the same, ``random.Random(f"class:{seed}:{user}")``). The open loop is
   one walk (user 0) whose ``i``-th step is the ``i``-th arrival's request.
@@ -46,7 +52,7 @@ from harness.load.records import worker_record_files
 from harness.load.retry import describe
 
 __all__ = ["Segment", "schedule", "value_at", "users_at", "rate_at", "max_users", "iter_arrivals",
-           "arrival_times", "Walk", "planned_requests", "plan_digest", "PLAN_REQUESTS", "load_section",
+           "arrival_times", "trace_period_s", "trace_arrivals", "arrivals", "timed", "source_start", "Walk", "planned_requests", "plan_digest", "PLAN_REQUESTS", "load_section",
            "read_load_stats", "share"]
 
 #: One piece of a schedule: ``(start_s, end_s, value at start, value at end)``, linear in
@@ -161,11 +167,74 @@ def arrival_times(rate: float, burstiness: float, seed: int, duration_s: float) 
     return np.fromiter(itertools.takewhile(lambda t: t < duration_s, iter_arrivals(profile, seed)), dtype=float)
 
 
+def trace_period_s(arrival_s: Sequence[float]) -> float:
+    """Seconds after which a timed trace starts again (:func:`trace_arrivals`): its span
+    (last ``arrival_s`` − first) plus its mean gap (span / (n − 1)); 1.0 when the span is 0
+    (one request, or all at one instant).
+
+    Raises:
+        ValueError: no arrivals, or arrivals not in increasing order.
+    """
+    if not arrival_s:
+        raise ValueError("a timed trace needs at least one arrival")
+    if any(b < a for a, b in zip(arrival_s, arrival_s[1:])):
+        raise ValueError("a timed trace's arrivals must not decrease")
+    span = arrival_s[-1] - arrival_s[0]
+    return span + span / (len(arrival_s) - 1) if span > 0 else 1.0
+
+
+def trace_arrivals(arrival_s: Sequence[float]) -> Iterator[float]:
+    """Open loop from a timed trace: its arrival instants (seconds since the load started,
+    the first at its own ``arrival_s``, normally 0), then the trace again, pass ``k``
+    shifted by ``k`` × :func:`trace_period_s`, forever; the ``i``-th instant is request
+    ``i % len(arrival_s)``'s.
+
+    Raises:
+        ValueError: as :func:`trace_period_s`.
+    """
+    period = trace_period_s(arrival_s)
+    for k in itertools.count():
+        for at in arrival_s:
+            yield at + k * period
+
+
+def timed(prompts: Sequence[Prompt]) -> bool:
+    """Whether the prompt set is a timed source's (every prompt has an ``arrival_s``)."""
+    return bool(prompts) and all(p.arrival_s is not None for p in prompts)
+
+
+def arrivals(profile: ProfileConfig, prompts: Sequence[Prompt], seed: int) -> Iterator[float]:
+    """The open loop's arrival instants: a timed source's (:func:`trace_arrivals`), else the
+    profile's seeded process (:func:`iter_arrivals`).
+
+    Raises:
+        ValueError: ``profile`` is not an open-loop profile.
+    """
+    if profile.kind != "open":
+        raise ValueError("arrivals exist only for an open-loop profile")
+    if timed(prompts):
+        return trace_arrivals([p.arrival_s for p in prompts])  # type: ignore[misc]
+    return iter_arrivals(profile, seed)
+
+
+#: The golden ratio's fractional part: user ``u`` of a source walk starts at ``frac(u · φ)``
+#: of the way through the source, spreading any number of users evenly (a Weyl sequence).
+_PHI = 0.6180339887498949
+
+
+def source_start(user_id: int, n: int) -> int:
+    """Where user ``user_id`` (0-based) starts walking a traffic source of ``n`` requests:
+    ``floor(frac(user_id · 0.618…) · n)`` (0 for user 0), so concurrent users send
+    different requests however many there are."""
+    return int((user_id * _PHI) % 1.0 * n) % n if n else 0
+
+
 class Walk:
-    """One user's seeded request sequence: prompts in a fresh shuffle per pass of the set,
-    sampling classes and request classes drawn by weight, each from its own generator (see
-    module doc), so adding classes of one kind changes neither the prompt walk nor the
-    other kind's draws."""
+    """One user's seeded request sequence: prompts in a fresh shuffle per pass of the set
+    (a traffic source's set, whose prompts carry an ``origin``: in the set's order from
+    :func:`source_start`, wrapping), sampling classes and request classes drawn by weight,
+    each from its own generator (see module doc), so adding classes of one kind changes
+    neither the prompt walk nor the other kind's draws."""
 
     def __init__(self, prompts: Sequence[Prompt], sampling: Sequence[SamplingClass], seed: int, user_id: int,
                  classes: Sequence[RequestClass] = (PLAIN,)):
@@ -178,9 +247,16 @@ class Walk:
         self.sampling_rng = random.Random(f"sampling:{seed}:{user_id}")
         self.class_rng = random.Random(f"class:{seed}:{user_id}")
         self._order: list[Prompt] = []
+        #: a source's set: the next index of the in-order walk; None: shuffled passes
+        self._next: int | None = (source_start(user_id, len(self.prompts))
+                                  if any(p.origin is not None for p in self.prompts) else None)
 
     def next_prompt(self) -> Prompt:
         """The next prompt of the walk."""
+        if self._next is not None:
+            p = self.prompts[self._next % len(self.prompts)]
+            self._next += 1
+            return p
         if not self._order:
             self._order = list(self.prompts)
             self.rng.shuffle(self._order)
@@ -215,7 +291,7 @@ def planned_requests(load: LoadConfig, prompts: Sequence[Prompt], count: int = P
                else [(user, {"user": user}) for user in range(max_users(load.profile, load.users))])
     for user, head in streams:
         walk = Walk(prompts, load.sampling, load.seed, user, load.classes())
-        times = (iter_arrivals(load.profile, load.seed) if load.profile.kind == "open"
+        times = (arrivals(load.profile, prompts, load.seed) if load.profile.kind == "open"
                  else itertools.repeat(None))
         for at in itertools.islice(times, count):
             p, s = walk.next()
@@ -228,11 +304,13 @@ def planned_requests(load: LoadConfig, prompts: Sequence[Prompt], count: int = P
 
 
 def plan_digest(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_REQUESTS) -> str:
-    """sha256 (hex) of the prompt set (id, bucket, tokens, max_tokens, text) and of
+    """sha256 (hex) of the prompt set (id, bucket, tokens, max_tokens, text; a source's
+    prompts also endpoint, body, origin and arrival) and of
     :func:`planned_requests`: equal for the same seed, configuration and tokenizer."""
     doc = {
         "kind": load.profile.kind,
-        "prompts": [[p.prompt_id, p.prompt_class, p.prompt_tokens, p.max_tokens, p.text] for p in prompts],
+        "prompts": [[p.prompt_id, p.prompt_class, p.prompt_tokens, p.max_tokens, p.text]
+                    + ([p.endpoint, p.body, p.origin, p.arrival_s] if p.body is not None else []) for p in prompts],
         "sampling": [s.model_dump() for s in load.sampling],
         "requests": planned_requests(load, prompts, count),
     }
@@ -244,7 +322,9 @@ def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_
     loop's ``users`` resolved), the effective retry policy
     (:func:`harness.load.retry.describe`), ``error_backoff_s``, the seed, the plan's
     digest (:func:`plan_digest`) with what it covers, and with ``load.request_classes``
-    ``request_classes``: ``[{"name", "weight", "endpoint", "turns"}]``."""
+    ``request_classes``: ``[{"name", "weight", "endpoint", "turns"}]``; with ``load.source``
+    ``source``: ``{"format", "path", "requests", "order"}`` and for a timed trace its
+    ``speedup`` and ``period_s`` (:func:`trace_period_s`)."""
     profile = load.profile.model_dump()
     streams = 1
     if load.profile.kind == "closed":
@@ -262,6 +342,13 @@ def load_section(load: LoadConfig, prompts: Sequence[Prompt], count: int = PLAN_
     if load.request_classes is not None:
         out["request_classes"] = [c.model_dump(include={"name", "weight", "endpoint", "turns"})
                                   for c in load.request_classes]
+    if load.source is not None:
+        src = {"format": load.source.format, "path": load.source.path, "requests": len(prompts),
+               "order": load.source.order}
+        if timed(prompts):
+            src.update(speedup=load.source.speedup,
+                       period_s=round(trace_period_s([p.arrival_s for p in prompts]), 6))  # type: ignore[misc]
+        out["source"] = src
     return out
 
 

@@ -15,10 +15,18 @@ Text comes from a seeded word generator (plain English words in sentences), so t
 seed and tokenizer give the same prompt set byte for byte. Ids are ``0..n-1``: bucket by
 bucket, in bucket order (shorts first, then mediums, then longs by default).
 
+A traffic source (``load.source``, :mod:`harness.load.sources`) becomes a prompt set too
+(:func:`harness.load.source_prep.source_prompts`): one prompt per source request, ids
+``0..n-1`` in the source's order, ``prompt_class`` its measured bucket, carrying the
+request's ``endpoint``, ``body`` (sent as the source gave it), ``origin`` (``FILE:LINE``)
+and, for a timed trace, ``arrival_s``.
+
 The set is saved as ``OUT/prompts.json``::
 
     {"format": "specchaos-prompts/1", "prompts": [{"prompt_id", "prompt_class", "text",
-     "prompt_tokens", "max_tokens"}, ...]}
+     "prompt_tokens", "max_tokens"[, "endpoint", "body", "origin", "arrival_s"]}, ...]}
+
+(the bracketed fields only for a source's prompts).
 """
 
 from __future__ import annotations
@@ -27,9 +35,9 @@ import json
 import logging
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from harness.errors import LoadError, ModelError
 from harness.load.config import DEFAULT_BUCKETS
@@ -73,7 +81,16 @@ class Prompt:
         text: the prompt text sent as the completion ``prompt``.
         prompt_tokens: its length in tokens with the target's tokenizer (special tokens
             included, as vLLM counts ``usage.prompt_tokens``).
-        max_tokens: ``max_tokens`` to ask for.
+        max_tokens: ``max_tokens`` to ask for (a source body's own ``max_tokens`` or
+            ``max_completion_tokens`` wins).
+        endpoint: ``"completions"`` or ``"chat"`` (:data:`harness.load.endpoints.ENDPOINTS`).
+        body: a traffic source's request body (without the harness's ``model``, ``stream``,
+            ``stream_options``), sent with the source's fields winning over the harness's
+            defaults (:func:`harness.load.client.completion_body`); None for a generated
+            prompt, whose ``text`` is the completions ``prompt``.
+        origin: a source's request: ``"FILE:LINE"`` it came from; None otherwise.
+        arrival_s: a timed source's request: seconds after the replay's start at which it
+            is sent (already divided by ``load.source.speedup``); None otherwise.
     """
 
     prompt_id: int
@@ -81,6 +98,17 @@ class Prompt:
     text: str
     prompt_tokens: int
     max_tokens: int
+    endpoint: str = "completions"
+    body: dict[str, Any] | None = field(default=None, compare=False)
+    origin: str | None = None
+    arrival_s: float | None = None
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether the output is fixed by the request (so a reference can predict it): a
+        generated prompt, or a source body that leaves ``temperature`` to the harness's
+        sampling class or sets it to 0."""
+        return self.body is None or self.body.get("temperature", 0) == 0
 
 
 def _words(rng: random.Random, n: int) -> list[str]:
@@ -253,8 +281,19 @@ def build_bucketed_prompt_set(
 
 def save_prompt_set(path: str | os.PathLike, prompts: Sequence[Prompt]) -> None:
     """Write the set as JSON (see module doc), replacing ``path``."""
-    data = {"format": FORMAT, "prompts": [asdict(p) for p in prompts]}
+    data = {"format": FORMAT, "prompts": [_saved(p) for p in prompts]}
     Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+#: The fields every saved prompt has; the others only when a source's prompt sets them.
+_BASE_FIELDS = ("prompt_id", "prompt_class", "text", "prompt_tokens", "max_tokens")
+
+
+def _saved(p: Prompt) -> dict[str, Any]:
+    d = asdict(p)
+    if p.body is None:
+        return {k: d[k] for k in _BASE_FIELDS}
+    return {k: v for k, v in d.items() if k in _BASE_FIELDS or v is not None}
 
 
 def load_prompt_set(path: str | os.PathLike) -> list[Prompt]:
@@ -279,7 +318,13 @@ def load_prompt_set(path: str | os.PathLike) -> list[Prompt]:
                 text=str(item["text"]),
                 prompt_tokens=int(item["prompt_tokens"]),
                 max_tokens=int(item["max_tokens"]),
+                endpoint=str(item.get("endpoint", "completions")),
+                body=item.get("body"),
+                origin=item.get("origin"),
+                arrival_s=None if item.get("arrival_s") is None else float(item["arrival_s"]),
             )
+            if prompt.body is not None and not isinstance(prompt.body, dict):
+                raise TypeError("body is not an object")
         except (KeyError, TypeError, ValueError) as exc:
             raise LoadError(f"malformed prompt: {exc!r}", where=f"{p}: prompts[{i}]") from None
         if not prompt.prompt_class:

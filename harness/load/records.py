@@ -91,6 +91,8 @@ class RequestRecord:
             call's argument deltas joined (None when the server sent none).
         turn: the request's turn in its conversation (1-based; a multi-turn chat class's
             turn ``n`` carries the ``n - 1`` earlier ones); 1 for every other request.
+        origin: a traffic source's request (``load.source``; ``request_class`` ``"source"``):
+            ``"FILE:LINE"`` of the line it came from; None for generated prompts.
     """
 
     request_id: str
@@ -127,6 +129,7 @@ class RequestRecord:
     logprobs: list[float | None] | None = None
     tool_calls: list[dict] | None = None
     turn: int = 1
+    origin: str | None = None
 
     @property
     def logical(self) -> str:

@@ -95,7 +95,11 @@ def workload_line(load: Any) -> str:
     if not isinstance(load, dict):
         return ""
     p = load.get("profile") or {}
-    if p.get("kind") == "open":
+    src = load.get("source") or {}
+    if p.get("kind") == "open" and p.get("rate") is None:
+        what = (f"open loop at the trace's timestamps (speedup {_num(src.get('speedup'))}, repeats every "
+                f"{_num(src.get('period_s'))} s), max in flight {p.get('max_in_flight')}")
+    elif p.get("kind") == "open":
         what = f"open loop {_num(p.get('rate'))} req/s, burstiness {_num(p.get('burstiness'))}, " \
                f"max in flight {p.get('max_in_flight')}"
     else:
@@ -113,6 +117,8 @@ def workload_line(load: Any) -> str:
     classes = load.get("request_classes") or []
     if classes:
         dropped += "; classes " + ", ".join(_class_label(c) for c in classes)
+    if src:
+        dropped += f"; source {src.get('format')} {src.get('path')} ({src.get('requests')} requests)"
     return f"workload: {what}; {retry}{dropped}; seed {load.get('seed')}, plan {str(load.get('plan_digest', ''))[:16]}"
 
 

@@ -141,6 +141,15 @@ def test_changed_token_fails_mismatched():
     assert bad.request_id in s["first_divergence"]
 
 
+def test_a_source_requests_mismatch_names_its_file_and_line():
+    refs = {0: ref_for(0)}
+    bad = make_record(prompt_id=0, token_ids=[0, 1, 99, 3], origin="src.jsonl:7", request_class="source")
+    checks, s = integrity_checks([bad], refs, min_compared=1)
+    assert "(prompt 0, src.jsonl:7): token 2" in s["first_divergence"]
+    assert s["examples"]["mismatched"][0]["origin"] == "src.jsonl:7"
+    assert "src.jsonl:7" in by_name(checks)["integrity.mismatched"].detail
+
+
 def test_cut_stream_labelled_ok_fails_false_success():
     refs = {0: ref_for(0)}
     recs = [make_record(prompt_id=0), cut(make_record(prompt_id=0), 2, labelled_ok=True)]

@@ -132,7 +132,7 @@ def test_the_default_profile_is_todays_closed_loop():
     ({"kind": "open", "rate": 5, "burst": 2}, "load.profile.burst: unknown field 'burst'"),
     ({"kind": "open", "rate": 0}, "load.profile.rate: Input should be greater than 0"),
     ({"kind": "open", "rate": -3}, "load.profile.rate: Input should be greater than 0"),
-    ({"kind": "open"}, "load.profile: an open-loop profile needs rate"),
+    ({"kind": "open"}, "load: an open-loop profile needs rate"),
     ({"kind": "open", "rate": 2, "burstiness": 0}, "load.profile.burstiness: Input should be greater than 0"),
     ({"kind": "open", "rate": 2, "max_in_flight": 0}, "load.profile.max_in_flight"),
     ({"kind": "poisson", "rate": 2}, "load.profile.kind"),
@@ -159,3 +159,53 @@ def test_bad_profiles(profile, needle):
 ])
 def test_bad_retry_policies(retry, needle):
     assert needle in error({"load": {"retry": retry}})
+
+
+def test_source_block_accepted():
+    load = LoadConfig(source={"format": "mooncake", "path": "sources/t.jsonl", "speedup": 4, "limit": 10})
+    assert (load.source.format, load.source.speedup, load.source.limit) == ("mooncake", 4.0, 10)
+    assert load.source.order == "file" and load.source.max_tokens is None
+    assert LoadConfig(source={"format": "openai", "path": "a", "order": "shuffled"}).source.order == "shuffled"
+
+
+@pytest.mark.parametrize("source, extra, needle", [
+    ({"format": "csv", "path": "a"}, {}, "load.source.format"),
+    ({"format": "mooncake", "path": "a", "speedup": 0}, {}, "load.source.speedup"),
+    ({"format": "openai", "path": "a", "colour": 1}, {}, "load.source.colour"),
+    ({"format": "openai", "path": "a"}, {"short_prompts": 3}, "remove short_prompts"),
+    ({"format": "openai", "path": "a"}, {"long_prompts": 0}, "remove long_prompts"),
+    ({"format": "mooncake", "path": "a", "order": "shuffled"}, {}, "order must be file"),
+    ({"format": "openai", "path": "a"},
+     {"request_classes": [{"name": "x", "weight": 1, "endpoint": "completions", "body": {}}]},
+     "remove request_classes"),
+])
+def test_bad_source_block(source, extra, needle):
+    msg = error({"load": {"source": source, **extra}})
+    assert needle in msg and "\n" not in msg
+
+
+def test_a_trace_implies_the_open_loop():
+    load = LoadConfig(source={"format": "mooncake", "path": "t.jsonl"})
+    assert load.profile.kind == "open" and load.profile.rate is None
+    assert parse_config({"load": load.model_dump()}).load == load   # config.json parses again
+    mif = LoadConfig(source={"format": "mooncake", "path": "t.jsonl"}, profile={"kind": "open", "max_in_flight": 8})
+    assert mif.profile.max_in_flight == 8 and mif.profile.rate is None
+    # an untimed source keeps the profile it is given (default: closed loop)
+    assert LoadConfig(source={"format": "openai", "path": "a"}).profile.kind == "closed"
+
+
+@pytest.mark.parametrize("profile, needle", [
+    ({"kind": "closed"}, "kind: closed contradicts it"),
+    ({"kind": "closed", "users": 4}, "kind: closed contradicts it"),
+    ({"kind": "open", "rate": 3}, "profile.rate contradicts it"),
+    ({"kind": "open", "burstiness": 2}, "profile.burstiness contradicts it"),
+    ({"kind": "open", "steps": [{"at_s": 5, "rate": 3}]}, "profile.steps contradicts it"),
+])
+def test_a_profile_contradicting_the_trace_is_refused(profile, needle):
+    msg = error({"load": {"source": {"format": "mooncake", "path": "t.jsonl"}, "profile": profile}})
+    assert "load: a mooncake trace is replayed open loop" in msg and needle in msg and "\n" not in msg
+
+
+def test_an_untimed_source_needs_a_rate_for_the_open_loop():
+    msg = error({"load": {"source": {"format": "openai", "path": "a"}, "profile": {"kind": "open"}}})
+    assert "an open-loop profile needs rate" in msg and "only a timed source" in msg
