@@ -41,7 +41,11 @@ RAMP_WINDOWS = 5
 def schedule_fields(profile: ProfileConfig, default_users: int) -> dict[str, Any]:
     """The ``load_started`` event's fields that describe the schedule (JSON-able):
     ``{"unit": "users"|"rate", "schedule": [[start_s, end_s|None, from, to], ...]}``
-    (seconds since the load started; the last piece's end None: it lasts until the stop)."""
+    (seconds since the load started; the last piece's end None: it lasts until the stop).
+    An open loop without a rate (a timed trace's own arrivals, ``load.source``) has no
+    schedule: ``[]``."""
+    if profile.kind == "open" and profile.rate is None:
+        return {"unit": "rate", "schedule": []}
     return {"unit": "users" if profile.kind == "closed" else "rate",
             "schedule": [[a, None if math.isinf(b) else b, v0, v1] for a, b, v0, v1 in schedule(profile, default_users)]}
 

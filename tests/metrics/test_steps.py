@@ -103,3 +103,10 @@ def test_the_schedule_starts_at_the_first_request_when_it_precedes_the_event():
     steps = step_windows(events(p, stop_s=20), first_send=T0 - 1.5)
     assert [(s["start"] - T0, s["end"] - T0) for s in steps] == [(-1.5, 8.5), (8.5, 20)]
     assert step_windows(events(p, stop_s=20), first_send=T0 + 3)[0]["start"] == T0   # a later first send: the event
+
+
+def test_a_trace_replay_without_a_rate_has_no_schedule_and_no_steps():
+    p = ProfileConfig.model_construct(kind="open", rate=None, burstiness=1.0, max_in_flight=64, ramp=None, steps=[])
+    f = schedule_fields(p, 4)
+    assert f == {"unit": "rate", "schedule": []}
+    assert step_windows([{"t": T0, "source": "runner", "event": "load_started", **f}]) == []
