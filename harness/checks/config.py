@@ -196,7 +196,8 @@ class SoakConfig(_Strict):
       most this much (absolute, a fraction) from the first judged window to the last;
     * ``max_rss_growth_per_30min``: a server process tree's RSS may grow at most this
       fraction of its fitted start per 30 minutes (the field's "memory swing under 15 %
-      over 30 minutes"), the slope extrapolated, so a short run measures the same rate;
+      over 30 minutes"), the slope (of the later half of the windows: the warm-up's growth
+      levels off, a leak does not) extrapolated, so a short run measures the same rate;
     * ``max_kv_usage_growth``: the fitted KV-cache usage (a fraction) may rise by at most
       this much over the span (absolute);
     * ``max_latency_drift``: the fitted TTFT p95 and TPOT p50 per window may end at most
