@@ -16,9 +16,10 @@ drop_token_text    the ``k``-th event carrying token ids and text (``k`` drawn  
                    from its last space on; all of it when it has one token id
                    or no space after its first character); ids, logprobs and
                    usage are left alone
-break_json         the first event with text of a response whose text starts    ``structured``
-                   with ``{`` or ``[``: :data:`STRAY` is inserted after that
-                   bracket, so the output no longer parses
+break_json         the first event with text (not only whitespace) of a         ``structured``
+                   response, when that text starts with ``{`` or ``[``:
+                   :data:`STRAY` is inserted after that bracket, so the output
+                   no longer parses
 zero_logprobs      every event with logprobs: each chosen token's logprob (and  ``logprobs``
                    every ``top_logprobs`` value) set to 0.0
 ================== ============================================================ ==============
@@ -177,14 +178,15 @@ class ResponseRewrite:
     event, or None when it leaves the event alone. ``drop_token_text`` acts on the ``k``-th
     event carrying token text, ``k`` drawn from ``rng`` in [0, ``max_event``] at the
     response's start (a response with fewer such events is left alone); ``break_json`` only
-    looks at the response's first event with text; the other two act wherever they apply."""
+    looks at the response's first event with text that is not only whitespace; the other
+    two act wherever they apply."""
 
     def __init__(self, mode: str, rng: random.Random, max_event: int):
         if mode not in MODES:
             raise ValueError(f"unknown rewrite mode {mode!r} (known: {', '.join(MODES)})")
         self.mode = mode
         self._k = rng.randint(0, max_event) if mode == "drop_token_text" else 0
-        self._seen = 0              # events counted so far (drop_token_text: with token text; break_json: with text)
+        self._seen = 0              # events counted (drop_token_text: with token text; break_json: with text)
 
     def event(self, event: bytes) -> bytes | None:
         if self.mode == "append_after_stop":
@@ -198,7 +200,7 @@ class ResponseRewrite:
             return drop_token_text(event) if self._seen - 1 == self._k else None
         parsed = parse_event(event)                       # break_json
         c0 = None if parsed is None else _choice(parsed[2])
-        if c0 is None or not text_of(c0) or self._seen:
+        if c0 is None or not (text_of(c0) or "").strip() or self._seen:
             return None
         self._seen = 1
         return break_json(event)

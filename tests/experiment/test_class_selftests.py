@@ -6,10 +6,9 @@ acted. Each run takes the self-test's request classes and toxic from its file (t
 strings swapped for one the fake's ``" w<id>"`` text meets, the JSON schema for one its
 ``{"w": ...}`` object satisfies) and ``FAST`` phases (:mod:`tests.experiment.fast_e2e`).
 
-The same self-tests on the real stack are what ``experiments/selftest/`` is for (the
-pytest plugin collects them as strict xfails, the gate and Allure runs); like
-``corrupt-stream.yaml``'s twin (``test_network.py``), a real-stack run of each belongs in
-the nightly tier, not here."""
+Like ``corrupt-stream.yaml`` (``test_network.py``), each also has a real-stack twin in the
+nightly tier (CI form, 5 s of the toxic): the network family already acts on the real
+stack in ``make test`` (the jitter experiment)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,8 @@ import yaml
 
 from harness.load.records import read_records
 from tests.experiment.fast_e2e import run_fast
-from tests.experiment.files import EXPERIMENTS
+from tests.experiment.files import EXPERIMENTS, ci_form, experiment_doc, run_pooled, write
+from tests.procs import leaked_since, sut_pids
 
 SELFTESTS = EXPERIMENTS / "selftest"
 #: self-test file → the checks that must fail, and nothing else
@@ -75,6 +75,24 @@ def test_the_request_class_self_test_fails_on_its_own_invariant_on_the_fake(tmp_
         assert 0 < entry["violations"] < entry["judged"], entry    # during the fault only, not before or after
     recs = [r for r in read_records(out / "records.jsonl") if r.source == "load"]
     assert {r.request_class for r in recs} == {c["name"] for c in classes}
+
+
+@pytest.mark.nightly   # make test runs these self-tests on the fake (above)
+@pytest.mark.stack
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_the_request_class_self_test_fails_on_its_own_invariant_on_the_real_stack(tmp_path, specchaos_pool, name):
+    before = sut_pids()
+    d = ci_form(experiment_doc(f"selftest/{name}"), duration_s=5)
+    code, rep = run_pooled(write(tmp_path, d), tmp_path / "out")
+    failed = {c["name"] for c in rep["checks"] if c["passed"] is False}
+    assert code == 1 and rep["verdict"] == "fail", (rep["errors"], failed)
+    assert failed == EXPECTED[name]
+    (fault,) = rep["faults"]
+    obs = fault["evidence"]["observations"]
+    assert fault["acted"] and obs["events_corrupted"] > 0
+    assert rep["integrity"]["malformed"] == 0 and rep["integrity"]["mismatched"] == 0
+    assert leaked_since(before, pool=specchaos_pool) == []
 
 
 @pytest.mark.xfail(strict=True, reason="a run does not judge the text invariant: harness.checks.integrity gives "

@@ -164,6 +164,13 @@ def test_break_json_inserts_a_stray_character_after_the_opening_brace(chat):
     assert json.loads("".join(text_of(e) or "" for e in events[:-1])) == {"w": "w11 w12 w13 w14"}
 
 
+def test_break_json_looks_past_leading_whitespace_events():
+    events = stream(True, [[11], [12], [13]], finish="stop", json_text=True)
+    ws = events[1].replace(b'"content": "{', b'"content": "\\n", "x": "{', 1)   # a whitespace-only first text
+    out, what = rewrite_all("break_json", [events[0], ws] + events[1:])
+    assert what.event == 2 and text_of(out[2]).startswith("{" + STRAY) and out[1] == ws
+
+
 @pytest.mark.parametrize("chat", CHAT)
 def test_break_json_leaves_text_that_is_no_json_alone(chat):
     events = stream(chat, [[11, 12], [13]])
