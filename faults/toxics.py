@@ -21,6 +21,9 @@ The byte-level transformations are pure functions here (:func:`slice_sizes`,
 waiting. ``corrupt`` (not a toxiproxy toxic) alters, drops or duplicates one SSE event of
 each streamed (``text/event-stream``, chunked) response on an affected connection,
 re-framing the HTTP chunked body so the HTTP layer stays valid: only the SSE content lies.
+Its semantic modes (``append_after_stop``, ``drop_token_text``, ``break_json``,
+``zero_logprobs``) rewrite the events' JSON instead, each aimed at one request-class
+invariant (:mod:`faults.sse_rewrite`); they ride the same re-framing, plan and evidence.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from faults.sse_rewrite import ResponseRewrite
 
 __all__ = ["TOXIC_TYPES", "STREAMS", "Toxic", "ATTRIBUTES", "connection_rng", "slice_sizes", "SseReframer",
            "corrupt_events", "Corruption", "parse_toxic", "AbortPlan", "CorruptPlan"]
@@ -97,10 +102,15 @@ class LimitDataAttrs(_Attrs):
 class CorruptAttrs(_Attrs):
     """Corrupt one SSE event of every streamed response: ``mode`` ``alter`` (the first
     output token id + 1, else ``usage.completion_tokens`` + 1), ``drop``, ``duplicate``,
-    or ``any`` (drawn per response); the event's index is drawn in [0, ``max_event``]
-    (a response with fewer events is left alone). ``data: [DONE]`` is never touched."""
+    or ``any`` (one of these three, drawn per response); the event's index is drawn in
+    [0, ``max_event``] (a response with fewer events is left alone). ``data: [DONE]`` is
+    never touched. The semantic modes rewrite the events' JSON, each breaking one
+    request-class invariant (:mod:`faults.sse_rewrite`): ``append_after_stop``,
+    ``drop_token_text`` (its event: the ``k``-th with token text, ``k`` drawn in
+    [0, ``max_event``]), ``break_json``, ``zero_logprobs``; ``any`` never draws them."""
 
-    mode: Literal["alter", "drop", "duplicate", "any"] = "any"
+    mode: Literal["alter", "drop", "duplicate", "any", "append_after_stop", "drop_token_text", "break_json",
+                  "zero_logprobs"] = "any"
     max_event: int = Field(3, ge=0)
 
 
@@ -224,7 +234,9 @@ def slice_sizes(n: int, attrs: SlicerAttrs, rng: random.Random) -> list[int]:
 @dataclass
 class Corruption:
     """What ``corrupt`` did to one response: ``event`` (index among its SSE events),
-    ``mode``, and the event ``before`` and ``after`` (``after`` None for a drop)."""
+    ``mode``, and the event ``before`` and ``after`` (``after`` None for a drop).
+    :meth:`as_dict` keeps 200 characters of each: the first ones, or for a semantic mode
+    (:mod:`faults.sse_rewrite`) those from 60 before the first changed character on."""
 
     response: int
     event: int
@@ -233,8 +245,13 @@ class Corruption:
     after: str | None
 
     def as_dict(self) -> dict[str, Any]:
+        at = 0
+        if self.after is not None and self.mode not in ("alter", "drop", "duplicate"):
+            at = next((i for i, (a, b) in enumerate(zip(self.before, self.after)) if a != b),
+                      min(len(self.before), len(self.after)))
+            at = max(0, at - 60)
         return {"response": self.response, "event": self.event, "mode": self.mode,
-                "before": self.before[:200], "after": None if self.after is None else self.after[:200]}
+                "before": self.before[at:at + 200], "after": None if self.after is None else self.after[at:at + 200]}
 
 
 def alter_event(event: bytes) -> bytes:
@@ -277,20 +294,34 @@ def is_done(event: bytes) -> bool:
 class CorruptPlan:
     """``corrupt`` on one connection: at each response's start it draws the event index in
     [0, ``max_event``] and (mode ``any``) the mode from ``rng``; :meth:`event` then
-    transforms that event as it passes. ``done`` lists what was done."""
+    transforms that event as it passes. A semantic mode starts a
+    :class:`faults.sse_rewrite.ResponseRewrite` per response instead, which rewrites every
+    event it applies to. ``done`` lists what was done (one entry per changed event)."""
 
     def __init__(self, rng: random.Random, attrs: CorruptAttrs):
         self.rng, self.attrs = rng, attrs
         self.done: list[Corruption] = []
         self._response, self._k, self._mode = -1, -1, "alter"
+        self._rewrite: ResponseRewrite | None = None
 
     def start(self, response: int) -> None:
         self._response = response
+        if self.attrs.mode not in ("alter", "drop", "duplicate", "any"):    # a semantic mode (faults.sse_rewrite)
+            self._mode = self.attrs.mode
+            self._rewrite = ResponseRewrite(self._mode, self.rng, self.attrs.max_event)
+            return
         self._k = self.rng.randint(0, self.attrs.max_event)
         self._mode = self.attrs.mode if self.attrs.mode != "any" else self.rng.choice(("alter", "drop", "duplicate"))
 
     def event(self, index: int, event: bytes) -> list[bytes]:
         """The events to send for the response's ``index``-th event."""
+        if self._rewrite is not None:
+            after = None if is_done(event) else self._rewrite.event(event)
+            if after is None:
+                return [event]
+            self.done.append(Corruption(self._response, index, self._mode, event.decode("utf-8", "replace"),
+                                        after.decode("utf-8", "replace")))
+            return [after]
         if index != self._k or is_done(event):
             return [event]
         if self._mode == "drop":
@@ -328,7 +359,8 @@ def corrupt_events(events: list[bytes], rng: random.Random, attrs: CorruptAttrs,
                    response: int = 0) -> tuple[list[bytes], Corruption | None]:
     """Apply ``corrupt`` to one response's list of SSE events (each without its blank-line
     terminator), as the proxy does event by event. Returns the new list and what was done
-    (None: the drawn index is past the events before ``[DONE]``)."""
+    first (None: the drawn index is past the events before ``[DONE]``, or a semantic mode
+    found nothing to rewrite)."""
     plan = CorruptPlan(rng, attrs)
     plan.start(response)
     out = [o for i, e in enumerate(events) for o in plan.event(i, e)]

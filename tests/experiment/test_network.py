@@ -59,6 +59,10 @@ def busy_port():
     ({"backend": "toxiproxy"}, ["method[0].provider.arguments.backend", "needs toxiproxy_url"]),
     ({"backend": "toxiproxy", "toxiproxy_url": "http://10.0.0.1:8474"}, ["toxiproxy_url", "non-loopback"]),
     ({"attributes": {"latency": 5, "bytes": 3}}, ["attributes", "bytes: unknown attribute of latency"]),
+    ({"toxic": "corrupt", "attributes": {"mode": "zero_logprob"}},
+     ["method[0].provider.arguments.attributes", "mode: Input should be", "'zero_logprobs'"]),
+    ({"toxic": "corrupt", "attributes": {"mode": "drop_token_text", "max_event": -1}},
+     ["method[0].provider.arguments.attributes", "max_event: Input should be greater than or equal to 0"]),
 ])
 def test_bad_network_arguments_are_one_line_at_validate(tmp_path, models_built, arguments, needles):
     assert_one_line_error(cli("validate", str(write(tmp_path, doc(JITTER, **arguments)))), *needles)
@@ -77,7 +81,7 @@ def test_a_proxy_port_in_use_is_refused_at_validate(tmp_path, models_built, busy
 
 
 def test_the_network_experiments_validate(models_built):
-    for path in (JITTER, CORRUPT):
+    for path in (JITTER, *sorted((EXPERIMENTS / "selftest").glob("*.yaml"))):
         res = cli("validate", str(path))
         assert res.returncode == 0, res.stderr
 
