@@ -97,10 +97,17 @@ class IntegrityConfig(_Strict):
     reference's runner-up there, at most this far below the reference's own token in the
     reference server's logprobs, is a **near-tie** (numerics such as batch composition or
     a prefix-cache hit flipped a greedy choice), counted apart and not a mismatch; 0 makes
-    every difference a mismatch. The output after that token is not compared."""
+    every difference a mismatch. The output after that token is not compared.
+
+    ``text_from_ids``: with request classes, judge each response's streamed text against
+    the target tokenizer's text of its token ids (the ``text`` invariant of
+    :mod:`harness.checks.request_classes`); the tokenizer is read from ``stack.models_dir``/
+    ``stack.target`` when the run is judged (not judged where it cannot be read). Off only
+    for a server whose text is not its tokenizer's (the tests' fake vLLM)."""
 
     min_compared: int = Field(20, ge=0)
     tie_logprob_margin: float = Field(0.01, ge=0)
+    text_from_ids: bool = True
 
 
 class LivenessConfig(_Strict):

@@ -43,12 +43,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from harness.checks import request_classes
 from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.diff import divergence_index
+from harness.errors import SpecchaosError
+from harness.load.prompts import load_decoder
 from harness.load.records import RequestRecord, is_complete, presented_finished
+from harness.stack.models import resolve_model
 
 __all__ = [
     "check",
@@ -277,6 +281,20 @@ def integrity_checks(
     return checks, summary
 
 
+def _decoder(run: RecordedRun) -> request_classes.Decode | None:
+    """Token ids -> text with the run's target tokenizer (``stack.models_dir``/``stack.target``,
+    :func:`harness.load.prompts.load_decoder`); None (the ``text`` invariant not judged) when
+    the run names no stack or its tokenizer cannot be read here."""
+    stack = getattr(run.limits, "stack", None)
+    if stack is None:
+        return None
+    try:
+        return load_decoder(resolve_model(Path(stack.models_dir), stack.target))
+    except SpecchaosError as exc:
+        log.warning("integrity: the streamed text is not judged against the token ids: %s", exc)
+        return None
+
+
 def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
     if "integrity" not in run.memo:
         load = getattr(run.limits, "load", None)   # the sampling classes, when the limits carry them
@@ -288,9 +306,10 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
                                            planned_stops=planned_stop_windows(run.events),
                                            comparable=load.comparable_classes() if classes else None)
         if classes:   # configured request classes: each judged by its invariants (module doc)
+            decode = _decoder(run) if cfg.text_from_ids else None
             summary["classes"] = request_classes.classes_section(run.records, classes, ref_records=run.ref_records,
-                                                                 greedy=load.greedy_classes())
-            checks = checks + request_classes.classes_checks(summary["classes"], classes)
+                                                                 greedy=load.greedy_classes(), decode=decode)
+            checks = checks + request_classes.classes_checks(summary["classes"], classes, decode=decode)
         run.memo["integrity"] = checks, summary
     return run.memo["integrity"]
 

@@ -166,6 +166,33 @@ def load_token_counter(tokenizer_dir: str | os.PathLike) -> Callable[[str], int]
     return count
 
 
+def load_decoder(tokenizer_dir: str | os.PathLike) -> Callable[[Sequence[int]], str]:
+    """A function token ids -> text with the tokenizer in ``tokenizer_dir``, special tokens
+    skipped: the text vLLM streams for those ids (vLLM v1 detokenizes a fast tokenizer with
+    ``tokenizers``' own decoder, no clean-up of spaces). ``tokenizer.json`` through the
+    ``tokenizers`` library; without one, ``transformers.AutoTokenizer`` (clean-up off).
+
+    Raises:
+        ModelError: the directory has no loadable tokenizer.
+    """
+    d = Path(tokenizer_dir)
+    if (d / "tokenizer.json").is_file():
+        try:
+            from tokenizers import Tokenizer  # deferred: only needed to judge text against token ids
+
+            fast = Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises its own Exception subclasses
+            raise ModelError(f"cannot load tokenizer.json: {type(exc).__name__}: {exc}"[:300], where=str(d)) from None
+        return lambda ids: fast.decode(list(ids), skip_special_tokens=True)
+    try:
+        from transformers import AutoTokenizer  # deferred: heavy, only for tokenizers without tokenizer.json
+
+        tok = AutoTokenizer.from_pretrained(str(d))
+    except Exception as exc:  # transformers raises many types here
+        raise ModelError(f"cannot load tokenizer: {type(exc).__name__}: {exc}"[:300], where=str(d)) from None
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def _fit(rng: random.Random, count: Callable[[str], int], target: int, lo: int, hi: int) -> tuple[str, int]:
     """Text whose token count is as close to ``target`` as whole words allow, within [lo, hi]."""
     n = max(8, target)  # words >= tokens - special tokens for any sane tokenizer; grow if not

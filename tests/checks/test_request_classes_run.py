@@ -125,3 +125,25 @@ def test_mirror_records_are_the_reference_of_deterministic_requests():
     assert zeros["lp"]["invariants"]["logprobs_ref"]["violations"] == len(PROMPTS)
     sampled = classes_section(responses(classes=classes), classes, ref_records=ref, greedy=())
     assert sampled["stop"]["compared"] == 0 and "stop_cut" not in sampled["stop"]["invariants"]
+
+
+def test_the_decoder_is_the_target_tokenizer_and_a_missing_one_leaves_text_unjudged(tmp_path):
+    """integrity.text_from_ids: the run's target tokenizer decodes token ids as vLLM streams
+    them; where it cannot be read the text invariant is not judged (never a crash)."""
+    from tokenizers import Tokenizer
+
+    from harness.checks.integrity import _decoder
+    from harness.experiment.config import SpecchaosConfig
+    from harness.checks.base import RecordedRun
+    from harness.load.prompts import load_decoder
+    from tests.experiment.fast_e2e import MODELS
+
+    if not (MODELS / "target" / "tokenizer.json").is_file():
+        pytest.skip("models not built (make test builds them)")
+    tok = Tokenizer.from_file(str(MODELS / "target" / "tokenizer.json"))
+    ids = tok.encode("the quick brown fox jumps", add_special_tokens=False).ids
+    assert load_decoder(MODELS / "target")(ids) == tok.decode(ids, skip_special_tokens=True)
+    here = SpecchaosConfig.model_validate({"stack": {"models_dir": str(MODELS)}})
+    assert _decoder(RecordedRun(records=[], reference={}, events=[], limits=here))(ids) == tok.decode(ids)
+    gone = SpecchaosConfig.model_validate({"stack": {"models_dir": str(tmp_path / "nowhere")}})
+    assert _decoder(RecordedRun(records=[], reference={}, events=[], limits=gone)) is None
