@@ -208,8 +208,12 @@ def build_models(models_dir: Path, force: bool = False) -> dict:
         return manifest
 
 
-def verify_models(models_dir: Path) -> list[str]:
+def verify_models(models_dir: Path, names: tuple[str, ...] = MODEL_NAMES,
+                  format_version: int = FORMAT_VERSION) -> list[str]:
     """Problems with the models in ``models_dir``; an empty list means all good.
+
+    ``names`` and ``format_version``: the model set expected (default: the tiny set; the
+    real set passes its own, :mod:`harness.stack.real_models`).
 
     Each problem is one line, e.g. ``"manifest.json missing"``,
     ``"manifest.json: model 'draft-acc50' not listed"`` (built by an older version),
@@ -225,11 +229,11 @@ def verify_models(models_dir: Path) -> list[str]:
         return [f"{MANIFEST} missing"]
     except (OSError, ValueError) as exc:
         return [f"{MANIFEST} unreadable: {exc}"]
-    if manifest.get("format_version") != FORMAT_VERSION:
-        return [f"{MANIFEST}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"]
+    if manifest.get("format_version") != format_version:
+        return [f"{MANIFEST}: format_version {manifest.get('format_version')!r}, expected {format_version}"]
     problems: list[str] = []
     models = manifest.get("models") or {}
-    for name in MODEL_NAMES:
+    for name in names:
         if name not in models:
             problems.append(f"{MANIFEST}: model {name!r} not listed")
             continue
