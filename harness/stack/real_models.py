@@ -257,9 +257,9 @@ def gguf_path() -> Path:
 def _load_gguf(path: Path):
     """(float32 LlamaForCausalLM in eval mode, tokenizer) dequantized from ``path``."""
     import torch  # deferred: heavy, only needed to build models
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: heavy, only needed to build models
+    from transformers.utils import logging as hf_logging  # deferred: as above
 
-    from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -336,7 +336,7 @@ def ngram_acceptance(seq: list[int], plen: int, output_tokens: int, k: int,
     ``lookup`` = (min, max) tokens recurs), accepts the longest matching prefix and adds
     the target's next token, as :func:`~harness.stack.models.greedy_acceptance` does.
     """
-    import numpy as np
+    import numpy as np  # deferred: with vLLM's proposer below
     # deferred: imports vLLM (seconds); its proposer is the definition of the method
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
 
