@@ -73,6 +73,10 @@ WRONG_VOCAB_DRAFT = "draft-wrongvocab"
 MODEL_NAMES = ("target", "draft-exact", "draft-noisy", *CALIBRATED_DRAFTS, WRONG_VOCAB_DRAFT)
 #: Drafts whose vocabulary is the target's (usable with ``method: draft_model``).
 DRAFT_NAMES = ("draft-exact", "draft-noisy", *CALIBRATED_DRAFTS)
+#: The real set's models (``models build --set real``, :mod:`harness.stack.real_models`,
+#: which checks its drafts against these names): named here so that a missing one's hint
+#: names the build that makes it.
+REAL_MODEL_NAMES = ("target", "draft-l8", "draft-l15", "draft-l25")
 
 SEED = 20240611
 CORPUS_SENTENCES = 6000
@@ -265,10 +269,13 @@ def resolve_model(models_dir: Path, name: str) -> Path:
     """
     models_dir = Path(models_dir)
     hint = f"run `specchaos models build --dir {models_dir}`"
-    if name in MODEL_NAMES:
+    real = f"specchaos models build --set real --dir {models_dir}"
+    if name in REAL_MODEL_NAMES and (name not in MODEL_NAMES or "real" in Path(models_dir).name):
+        hint = f"run `{real}` (the real model set: {', '.join(REAL_MODEL_NAMES)}; make models-real)"
+    elif name in MODEL_NAMES:
         hint += f", which builds {name}"
     elif os.sep not in name:
-        hint += f"; it builds {', '.join(MODEL_NAMES)}"
+        hint += f"; it builds {', '.join(MODEL_NAMES)} (and `{real}`: {', '.join(REAL_MODEL_NAMES)})"
     candidates = []
     direct = Path(name).expanduser()
     if direct.is_absolute() or os.sep in name or name.startswith("."):

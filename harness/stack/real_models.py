@@ -58,6 +58,7 @@ from harness.errors import ModelError
 from harness.stack.models import (
     CALIBRATION_K,
     MANIFEST,
+    REAL_MODEL_NAMES,
     _Calibration,
     _locked,
     _read_manifest,
@@ -83,7 +84,7 @@ INSTALL_HINT = ("install the `real` extra: pip install 'specchaos[real]' && "
 #: Measured (docs/guides/real-model.md): SmolLM2 was not trained for early exit, so the
 #: acceptance rate stays low until few layers are skipped (L = 4: 0.01, 20: 0.04, 30: 1.0).
 LAYER_SKIP_DEPTHS: dict[str, int] = {"draft-l8": 8, "draft-l15": 15, "draft-l25": 25}
-REAL_MODEL_NAMES = ("target", *LAYER_SKIP_DEPTHS)
+assert REAL_MODEL_NAMES == ("target", *LAYER_SKIP_DEPTHS), "harness.stack.models.REAL_MODEL_NAMES names them too"
 REAL_DRAFT_NAMES = tuple(LAYER_SKIP_DEPTHS)
 REAL_OUTPUT_TOKENS = 64       # greedy output tokens per prompt at most (max_tokens)
 CONTENT_TYPES = ("code", "prose", "json", "chat")

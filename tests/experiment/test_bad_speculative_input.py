@@ -64,7 +64,7 @@ def test_every_shipped_experiment_validates(path, models_built):
     """... or, for an experiment for GPU hosts on a host without a GPU, is refused in one line."""
     res = cli("validate", str(EXPERIMENTS / path))
     if needs_real_models(EXPERIMENTS / path):   # refused in one line that names the missing model and the build
-        assert_one_line_error(res, "models-real", "specchaos models build")
+        assert_one_line_error(res, "models-real", "specchaos models build --set real")
         return
     why = gpu_only(EXPERIMENTS / path)
     if why is not None:
