@@ -14,8 +14,9 @@ per second of wall time for each pass, and from ``/metrics`` the acceptance rate
 the mean acceptance length (1 + Δaccepted ÷ Δdrafts). Every speculative output is
 compared token for token with the reference server's (exact in float32).
 
-Run:  PYTHONPATH=. python bench/real_model.py --models models-real --spec draft-l15 --spec ngram
-Writes the figures as JSON to ``--out`` (default results/real-model-bench.json) and prints them.
+Run:  flock /tmp/specchaos-vllm.lock env PYTHONPATH=. python bench/real_model.py --models models-real --spec draft-l15 --spec ngram
+Writes the figures and outputs as JSON to ``--out`` (default results/real-model-bench.json); prints one
+line per server, and last a JSON object ``{"servers": [...]}`` of the figures.
 """
 
 from __future__ import annotations
@@ -138,8 +139,12 @@ def main() -> None:
             r["concurrent_identical_to_ref"] = sum(a == b for a, b in zip(r["concurrent_outputs"], ref["outputs"]))
             r["compared"] = len(ref["outputs"])
     args.out.write_text(json.dumps(runs, indent=1))
-    for r in runs:
-        print(json.dumps({k: v for k, v in r.items() if "outputs" not in k}))
+    summary = [{k: v for k, v in r.items() if "outputs" not in k and k != "first_text"} for r in runs]
+    for r in summary:
+        print(f"{r['server']}: start-up {r['startup_s']} s, RSS {r['rss_ready_mib']} MiB, "
+              f"{r['serial_tokens_per_s']} tokens/s one at a time, {r['concurrent_tokens_per_s']} at once, "
+              f"acceptance {r['acceptance_rate']}, identical {r.get('identical_to_ref', '-')}/{r.get('compared', '-')}")
+    print(json.dumps({"servers": summary}))
 
 
 if __name__ == "__main__":
