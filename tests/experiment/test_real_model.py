@@ -1,7 +1,7 @@
 """The experiments of ``experiments/real-model/`` on the real model set (SmolLM2-135M-Instruct,
 ``make models-real``) through the real CLI, their own processes: the kill in its CI form in
 the real-stack tier, every one of them at full length in the nightly tier. Skipped, with the
-reason, when ``models-real/`` is not built (it is not part of ``make test``: minutes, ~1.3 GB)."""
+reason, when ``models-real/`` is not built (it is not part of ``make test``: minutes, ~1.2 GB)."""
 
 from __future__ import annotations
 

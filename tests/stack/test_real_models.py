@@ -18,7 +18,7 @@ from harness.errors import ModelError
 from harness.stack import real_models as R
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The set ``make models-real`` builds (not in make test: minutes, ~1.3 GB).
+#: The set ``make models-real`` builds (not in make test: minutes, ~1.2 GB).
 REPO_REAL = ROOT / "models-real"
 
 
@@ -38,7 +38,7 @@ needs_package = pytest.mark.skipif(not _installed(), reason=f"{R.PACKAGE} {R.PAC
 def built() -> Path:
     """``models-real/`` when its manifest verifies; the tests that read it skip otherwise."""
     if R.verify_real_models(REPO_REAL):
-        pytest.skip("the real model set is not built in models-real/ (make models-real: minutes, ~1.3 GB)")
+        pytest.skip("the real model set is not built in models-real/ (make models-real: minutes, ~1.2 GB)")
     return REPO_REAL
 
 
@@ -179,7 +179,7 @@ def test_ngram_acceptance_is_recorded_per_content_type(built: Path):
     assert set(ng["by_content"]) == set(R.CONTENT_TYPES) and 0.0 <= ng["rate"] <= 1.0
 
 
-@pytest.mark.nightly   # dequantizes, simulates and writes ~1.3 GB: about 4 minutes on 2 cores
+@pytest.mark.nightly   # dequantizes, simulates and writes ~1.2 GB: about 4 minutes on 2 cores
 @needs_package
 def test_a_build_from_the_installed_package_is_deterministic(built: Path, tmp_path: Path):
     manifest = R.build_real_models(tmp_path / "real")
