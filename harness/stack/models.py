@@ -73,6 +73,10 @@ WRONG_VOCAB_DRAFT = "draft-wrongvocab"
 MODEL_NAMES = ("target", "draft-exact", "draft-noisy", *CALIBRATED_DRAFTS, WRONG_VOCAB_DRAFT)
 #: Drafts whose vocabulary is the target's (usable with ``method: draft_model``).
 DRAFT_NAMES = ("draft-exact", "draft-noisy", *CALIBRATED_DRAFTS)
+#: The real set's models (``models build --set real``, :mod:`harness.stack.real_models`,
+#: which checks its drafts against these names): named here so that a missing one's hint
+#: names the build that makes it.
+REAL_MODEL_NAMES = ("target", "draft-l8", "draft-l15", "draft-l25")
 
 SEED = 20240611
 CORPUS_SENTENCES = 6000
@@ -208,8 +212,12 @@ def build_models(models_dir: Path, force: bool = False) -> dict:
         return manifest
 
 
-def verify_models(models_dir: Path) -> list[str]:
+def verify_models(models_dir: Path, names: tuple[str, ...] = MODEL_NAMES,
+                  format_version: int = FORMAT_VERSION) -> list[str]:
     """Problems with the models in ``models_dir``; an empty list means all good.
+
+    ``names`` and ``format_version``: the model set expected (default: the tiny set; the
+    real set passes its own, :mod:`harness.stack.real_models`).
 
     Each problem is one line, e.g. ``"manifest.json missing"``,
     ``"manifest.json: model 'draft-acc50' not listed"`` (built by an older version),
@@ -225,11 +233,11 @@ def verify_models(models_dir: Path) -> list[str]:
         return [f"{MANIFEST} missing"]
     except (OSError, ValueError) as exc:
         return [f"{MANIFEST} unreadable: {exc}"]
-    if manifest.get("format_version") != FORMAT_VERSION:
-        return [f"{MANIFEST}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"]
+    if manifest.get("format_version") != format_version:
+        return [f"{MANIFEST}: format_version {manifest.get('format_version')!r}, expected {format_version}"]
     problems: list[str] = []
     models = manifest.get("models") or {}
-    for name in MODEL_NAMES:
+    for name in names:
         if name not in models:
             problems.append(f"{MANIFEST}: model {name!r} not listed")
             continue
@@ -261,10 +269,13 @@ def resolve_model(models_dir: Path, name: str) -> Path:
     """
     models_dir = Path(models_dir)
     hint = f"run `specchaos models build --dir {models_dir}`"
-    if name in MODEL_NAMES:
+    real = f"specchaos models build --set real --dir {models_dir}"
+    if name in REAL_MODEL_NAMES and (name not in MODEL_NAMES or "real" in Path(models_dir).name):
+        hint = f"run `{real}` (the real model set: {', '.join(REAL_MODEL_NAMES)}; make models-real)"
+    elif name in MODEL_NAMES:
         hint += f", which builds {name}"
     elif os.sep not in name:
-        hint += f"; it builds {', '.join(MODEL_NAMES)}"
+        hint += f"; it builds {', '.join(MODEL_NAMES)} (and `{real}`: {', '.join(REAL_MODEL_NAMES)})"
     candidates = []
     direct = Path(name).expanduser()
     if direct.is_absolute() or os.sep in name or name.startswith("."):

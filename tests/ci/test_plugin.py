@@ -91,8 +91,9 @@ def test_collects_one_item_per_experiment_with_markers_from_tags():
     assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items
     assert sorted(i.split("::")[0] for i in _items(gate_out)) == [
         "experiments/client-abort.yaml", "experiments/kill-draft-worker.yaml", "experiments/network-jitter.yaml"]
-    assert sorted(i.split("::")[0] for i in _items(slow_out)) == [
-        "experiments/bad-draft-fallback.yaml", "experiments/memory-pressure.yaml"]
+    assert sorted(i.split("::")[0] for i in _items(slow_out)) == [   # and every real-model one (minutes each)
+        "experiments/bad-draft-fallback.yaml", "experiments/memory-pressure.yaml",
+        *(str(f.relative_to(ROOT)) for f in sorted(ROOT.glob("experiments/real-model/*.yaml")))]
     tagged = [f for f in files if "chaos" in (yaml.safe_load(f.read_text()).get("tags") or [])]
     assert len(_items(chaos_out)) == len(tagged)
 

@@ -19,6 +19,20 @@ from harness import gpu
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
 MODELS = ROOT / "models"
+#: The real model set the experiments under ``experiments/real-model/`` name (``make models-real``).
+REAL_MODELS = ROOT / "models-real"
+
+
+def needs_real_models(path: Path) -> str | None:
+    """Why the experiment at ``path`` cannot be loaded here: it is one of
+    ``experiments/real-model/`` and the real model set is not built in ``models-real/``
+    (``make models-real``: minutes, ~1.2 GB, not part of make test); or None."""
+    if "real-model" not in path.parts:
+        return None
+    from harness.stack.real_models import verify_real_models
+
+    problems = verify_real_models(REAL_MODELS)
+    return f"the real model set is not built in models-real/ (make models-real): {problems[0]}" if problems else None
 
 
 def gpu_only(path: Path) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.experiment.files import EXPERIMENTS, gpu_only, write
+from tests.experiment.files import EXPERIMENTS, gpu_only, needs_real_models, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli, doc, no_new_processes  # noqa: F401
 
 STACK = "configuration.specchaos.stack"
@@ -63,6 +63,9 @@ def test_the_new_drafts_are_found_by_name(tmp_path, models_built, draft):
 def test_every_shipped_experiment_validates(path, models_built):
     """... or, for an experiment for GPU hosts on a host without a GPU, is refused in one line."""
     res = cli("validate", str(EXPERIMENTS / path))
+    if needs_real_models(EXPERIMENTS / path):   # refused in one line that names the missing model and the build
+        assert_one_line_error(res, "models-real", "specchaos models build --set real")
+        return
     why = gpu_only(EXPERIMENTS / path)
     if why is not None:
         assert_one_line_error(res, "configuration.specchaos.gpu.require", why)
