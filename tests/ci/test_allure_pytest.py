@@ -49,7 +49,8 @@ def _report(*failing: str) -> dict:
     (["speculation.spec.collapse", "acceptance_floor.short.greedy"], ["speculation"]),
     (["mirror.fault.greedy.tpot_ratio"], ["speculation"]),
     (["slo.after.e2e_p95_s", "integrity.malformed"], ["SLO", "integrity"]),
-    (["server_memory.spec.fault.rss_swing"], []),   # no category of its own: Allure's default
+    (["server_memory.spec.fault.rss_swing"], ["memory and drift"]),
+    (["soak.spec.rss_growth_per_30min"], ["memory and drift"]),
 ])
 def test_categories_match_both_failure_messages(failing, categories):
     rep = _report(*failing)
