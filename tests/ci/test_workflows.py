@@ -68,7 +68,7 @@ def test_nightly_runs_on_a_cron_on_a_cpu_runner_and_keeps_allure_history():
     assert any(u.startswith("actions/upload-artifact@") for u in uses)
     words = [w for c in commands(doc) for w in c]
     assert "ci/gate.sh" in words and "ci/allure-report.sh" in words and "ci/check_report.py" in words
-    assert ["make", "setup-test", "models"] in commands(doc)
+    assert ["make", "setup-test", "models", "models-real"] in commands(doc)   # the real set: the nightly real-model runs
     # the whole chaos suite runs, not only the gate, and the nightly test tier (the property suite's
     # nightly budget and the verdict-stability runs among it)
     assert "chaos and not gate" in words and ["make", "test-nightly"] in commands(doc)
