@@ -84,7 +84,10 @@ def tree_memory(api: psutil.Process | None,
                 procs: list[psutil.Process] | None = None) -> tuple[int | None, list[int]]:
     """``(rss_bytes, pids)``: RSS summed over ``api`` and all its live descendants (or the
     ``procs`` already found), and their pids (sorted); ``(None, [])`` when ``api`` is None
-    or gone. Processes that vanish while being read are skipped."""
+    or gone. Processes that vanish while being read, and zombies (exited, not yet reaped by
+    their parent: their RSS reads 0), are skipped, so a tree that is dying — vLLM's API
+    process still answering ``/metrics`` while its killed engine awaits reaping — shows fewer
+    ``tree_pids`` and is a different tree to the memory checks, not a swing of this one."""
     if api is None:
         return None, []
     if procs is None:
@@ -95,6 +98,8 @@ def tree_memory(api: psutil.Process | None,
     total, pids = 0, []
     for p in procs:
         try:
+            if p.status() == psutil.STATUS_ZOMBIE:   # exited, not yet reaped: no memory, not a member
+                continue
             total += p.memory_info().rss
             pids.append(p.pid)
         except psutil.Error:
@@ -126,6 +131,9 @@ class TreeCache:
             total, pids = 0, []
             for p in self._procs:
                 try:
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        stale = True    # a member exited (a dying tree): walk again
+                        break
                     total += p.memory_info().rss
                     pids.append(p.pid)
                 except psutil.Error:

@@ -164,3 +164,41 @@ def test_the_tree_cache_walks_the_host_only_when_the_tree_may_have_changed(monke
             p.kill()
         parent.kill()
         parent.wait()
+
+
+def test_a_zombie_member_is_not_counted_so_a_dying_tree_is_another_tree():
+    """Measured in the bad-draft run: vLLM's API process answered /metrics while its killed
+    engine awaited reaping; its RSS then read 632 MiB against 3043 a moment before, under the
+    same tree_pids, and the memory check called that a swing of 3.8. A zombie (exited, not
+    reaped: its RSS reads 0) is no member: the tree's pids change with it."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from harness.metrics.scraper import TreeCache, tree_memory
+
+    # the parent never reaps its child: once killed, the child stays a zombie
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        api = psutil.Process(parent.pid)
+        for _ in range(100):
+            if api.children():
+                break
+            time.sleep(0.05)
+        cache = TreeCache(refresh_s=60)
+        (child,) = api.children()
+        assert len(cache.memory(api)[1]) == 2
+        child.kill()
+        for _ in range(100):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.05)
+        assert tree_memory(api)[1] == [api.pid]
+        assert cache.memory(api)[1] == [api.pid]
+    finally:
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait()
