@@ -59,7 +59,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from harness.errors import ModelError
 
@@ -190,25 +190,37 @@ def build_models(models_dir: Path, force: bool = False) -> dict:
     Raises:
         ModelError: the directory cannot be written.
     """
-    models_dir = Path(models_dir)
+    return build_verified(Path(models_dir), verify_models, _build, force=force, what="models",
+                          hint="check free disk space and permissions")
+
+
+def build_verified(models_dir: Path, verify: Callable[[Path], list[str]], build: Callable[[Path], dict[str, Any]],
+                   *, force: bool, what: str, hint: str) -> dict[str, Any]:
+    """Build a model set into ``models_dir`` under its lock unless ``verify`` finds nothing
+    wrong (then its manifest is returned as it is); ``force`` builds anyway. ``what`` names
+    the set in the log, ``hint`` the advice of a failed write. Shared by the tiny set
+    (:func:`build_models`) and the real one (:func:`harness.stack.real_models.build_real_models`).
+
+    Raises:
+        ModelError: the directory cannot be created or written.
+    """
     try:
         models_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelError(f"cannot create the models directory: {exc}", where=str(models_dir)) from None
     with _locked(models_dir):
         if not force:
-            problems = verify_models(models_dir)
+            problems = verify(models_dir)
             if not problems:
-                log.info("models in %s verify; nothing to build", models_dir)
+                log.info("%s in %s verify; nothing to build", what, models_dir)
                 return _read_manifest(models_dir)
-            log.info("rebuilding models in %s: %s", models_dir, "; ".join(problems[:5]))
+            log.info("building %s in %s: %s", what, models_dir, "; ".join(problems[:5]))
         t0 = time.perf_counter()
         try:
-            manifest = _build(models_dir)
+            manifest = build(models_dir)
         except OSError as exc:
-            raise ModelError(f"cannot write models: {exc}", where=str(models_dir),
-                             hint="check free disk space and permissions") from None
-        log.info("built models in %s in %.1f s", models_dir, time.perf_counter() - t0)
+            raise ModelError(f"cannot write models: {exc}", where=str(models_dir), hint=hint) from None
+        log.info("built %s in %s in %.1f s", what, models_dir, time.perf_counter() - t0)
         return manifest
 
 

@@ -60,11 +60,10 @@ from harness.stack.models import (
     MANIFEST,
     REAL_MODEL_NAMES,
     _Calibration,
-    _locked,
-    _read_manifest,
     _sha256,
     _swap_in,
     _write_json,
+    build_verified,
     greedy_acceptance,
     verify_models,
 )
@@ -472,27 +471,9 @@ def build_real_models(models_dir: Path, force: bool = False) -> dict:
         ModelError: the package or the extra's modules are missing (one line, with how to
             install them), or the directory cannot be written.
     """
-    models_dir = Path(models_dir)
     source = gguf_path()
-    try:
-        models_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelError(f"cannot create the models directory: {exc}", where=str(models_dir)) from None
-    with _locked(models_dir):
-        if not force:
-            problems = verify_real_models(models_dir)
-            if not problems:
-                log.info("real models in %s verify; nothing to build", models_dir)
-                return _read_manifest(models_dir)
-            log.info("building real models in %s: %s", models_dir, "; ".join(problems[:5]))
-        t0 = time.perf_counter()
-        try:
-            manifest = _build(models_dir, source)
-        except OSError as exc:
-            raise ModelError(f"cannot write models: {exc}", where=str(models_dir),
-                             hint="check free disk space (about 1.2 GB) and permissions") from None
-        log.info("built real models in %s in %.1f s", models_dir, time.perf_counter() - t0)
-        return manifest
+    return build_verified(Path(models_dir), verify_real_models, lambda d: _build(d, source), force=force,
+                          what="real models", hint="check free disk space (about 1.2 GB) and permissions")
 
 
 def _draft_model(config: dict, weights: dict):

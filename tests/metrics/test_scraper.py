@@ -5,8 +5,11 @@ subscribers see every line, non-loopback is refused, stop is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -131,21 +134,9 @@ def test_tree_rss_sums_the_process_tree(fake_vllm):
 
 
 def test_the_tree_cache_walks_the_host_only_when_the_tree_may_have_changed(monkeypatch):
-    import subprocess
-    import sys
-
-    import psutil
-
     from harness.metrics.scraper import TreeCache, tree_memory
 
-    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); c.wait(); time.sleep(60)"
-    parent = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        api = psutil.Process(parent.pid)
-        for _ in range(100):
-            if api.children():
-                break
-            time.sleep(0.05)
+    with parent_with_child(reaps=True) as api:
         walks = []
         real = psutil.Process.children
         monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: walks.append(1) or real(self, recursive=recursive))
@@ -159,11 +150,6 @@ def test_the_tree_cache_walks_the_host_only_when_the_tree_may_have_changed(monke
         assert psutil.wait_procs([child], timeout=5)[1] == []
         assert cache.memory(api)[1] == [api.pid] and len(walks) > n       # a member gone: walked again
         assert cache.memory(None) == (None, [])
-    finally:
-        for p in psutil.Process(parent.pid).children(recursive=True):
-            p.kill()
-        parent.kill()
-        parent.wait()
 
 
 def test_a_zombie_member_is_not_counted_so_a_dying_tree_is_another_tree():
@@ -171,22 +157,9 @@ def test_a_zombie_member_is_not_counted_so_a_dying_tree_is_another_tree():
     engine awaited reaping; its RSS then read 632 MiB against 3043 a moment before, under the
     same tree_pids, and the memory check called that a swing of 3.8. A zombie (exited, not
     reaped: its RSS reads 0) is no member: the tree's pids change with it."""
-    import subprocess
-    import sys
-
-    import psutil
-
     from harness.metrics.scraper import TreeCache, tree_memory
 
-    # the parent never reaps its child: once killed, the child stays a zombie
-    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
-    parent = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        api = psutil.Process(parent.pid)
-        for _ in range(100):
-            if api.children():
-                break
-            time.sleep(0.05)
+    with parent_with_child(reaps=False) as api:   # once killed, the child stays a zombie
         cache = TreeCache(refresh_s=60)
         (child,) = api.children()
         assert len(cache.memory(api)[1]) == 2
@@ -197,6 +170,24 @@ def test_a_zombie_member_is_not_counted_so_a_dying_tree_is_another_tree():
             time.sleep(0.05)
         assert tree_memory(api)[1] == [api.pid]
         assert cache.memory(api)[1] == [api.pid]
+
+
+@contextlib.contextmanager
+def parent_with_child(*, reaps: bool):
+    """A Python process with one sleeping child, as a psutil.Process once the child exists;
+    ``reaps``: the parent waits for (reaps) its child, else a killed child stays a zombie.
+    Both are killed on the way out."""
+    wait = "c.wait(); " if reaps else ""
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+            f"time.sleep(60)']); {wait}time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        api = psutil.Process(parent.pid)
+        for _ in range(100):
+            if api.children():
+                break
+            time.sleep(0.05)
+        yield api
     finally:
         for p in psutil.Process(parent.pid).children(recursive=True):
             p.kill()
