@@ -42,11 +42,11 @@ import numpy as np
 from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.config import SoakConfig
 from harness.checks.server_memory import rss_segments
-from harness.checks.speculation import series
+from harness.checks.speculation import series, server_series
 from harness.load.records import is_complete
 from harness.metrics.drift import Trend, theil_sen
 from harness.metrics.latency import tpot_s, ttft_s
-from harness.metrics.speculation import SpeculationSeries, server_lines, servers_in
+from harness.metrics.speculation import server_lines, servers_in
 
 __all__ = ["check", "section", "soak_windows"]
 
@@ -74,8 +74,8 @@ def soak_windows(run: RecordedRun, cfg: SoakConfig) -> list[dict[str, Any]]:
             bounds.append((a, b))
         a += cfg.window_s
     lines = series(run)
-    spec_lines = server_lines(lines, "spec")
-    spec = SpeculationSeries(spec_lines) if spec_lines else None
+    spec = server_series(run, "spec")
+    spec_lines = spec.lines if spec is not None else []
     segments = {name: rss_segments(server_lines(lines, name)) for name in servers_in(lines)}
     faults = [(f.get("acting_at") or f["injected_at"], f.get("cleared_at") or end) for f in run.faults
               if f.get("injected_at") is not None]
@@ -91,9 +91,7 @@ def soak_windows(run: RecordedRun, cfg: SoakConfig) -> list[dict[str, Any]]:
         enough = len(done) >= cfg.min_requests_per_window
         acc = spec.stats(a, b) if spec is not None and spec.speculative else None
         rate = acc["acceptance_rate"] if acc and acc["draft_tokens"] >= cfg.min_draft_tokens and not acc["resets"] else None
-        kv = [g for ln in spec_lines if a <= ln["t"] < b and ln.get("ok")
-              for g in [next((ln.get("gauges", {}).get(k) for k in _KV if ln.get("gauges", {}).get(k) is not None), None)]
-              if g is not None]
+        kv = [g for g in (_kv_usage(ln) for ln in spec_lines if a <= ln["t"] < b and ln.get("ok")) if g is not None]
         rss: dict[str, float | None] = {}
         for name, segs in segments.items():
             inside = [[v for t, v in seg if a <= t < b] for seg in segs]
@@ -108,6 +106,13 @@ def soak_windows(run: RecordedRun, cfg: SoakConfig) -> list[dict[str, Any]]:
                     "acceptance_rate": rate, "draft_tokens": acc["draft_tokens"] if acc else None,
                     "kv_usage": float(np.mean(kv)) if kv else None, "rss_bytes": rss})
     return out
+
+
+def _kv_usage(line: dict[str, Any]) -> float | None:
+    """The KV-cache usage gauge of one ``metrics.jsonl`` line (vLLM's current name, else its
+    older one), None without it."""
+    gauges = line.get("gauges") or {}
+    return next((gauges[k] for k in _KV if gauges.get(k) is not None), None)
 
 
 def _fit(windows: list[dict[str, Any]], get, later_half: bool = False) -> Trend | None:

@@ -35,7 +35,7 @@ from harness.metrics.scraper import METRICS_FILE
 from harness.metrics.speculation import (SpeculationSeries, counter_increments, read_series, server_lines,
                                          servers_in, window_acceptance)
 
-__all__ = ["series", "canaries", "check", "section"]
+__all__ = ["series", "server_series", "canaries", "check", "section"]
 
 _MEMO = "speculation"
 
@@ -102,6 +102,14 @@ def _analyse(run: RecordedRun) -> dict[str, Any]:
                          "canaries": canaries(windows, cfg) if sp.speculative else None}
     run.memo[_MEMO] = servers
     return servers
+
+
+def server_series(run: RecordedRun, name: str) -> SpeculationSeries | None:
+    """One server's spec-decode series of the run (computed once per run, shared by the
+    speculation checks, the per-step figures and the soak canaries); None when the run
+    recorded no ``metrics.jsonl`` line of that server."""
+    s = _analyse(run).get(name)
+    return None if s is None else s["series"]
 
 
 def _judged_detail(c: dict[str, Any], cfg: SpeculationConfig) -> str:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
-from harness.checks.speculation import series
-from harness.metrics.speculation import SpeculationSeries, server_lines
+from harness.checks.speculation import server_series
 from harness.metrics.steps import step_metrics, step_windows
 
 __all__ = ["check", "section"]
@@ -27,8 +26,7 @@ def section(run: RecordedRun) -> dict[str, Any]:
     if not steps:
         return {"unit": None, "note": "one load level (no ramp or steps): the phases' figures are the run's",
                 "steps": []}
-    lines = server_lines(series(run), "spec")
-    spec = SpeculationSeries(lines) if lines else None
+    spec = server_series(run, "spec")
     slo = getattr(run.limits, "slo", None)
     return {"unit": steps[0]["unit"], "note": None,
             "steps": step_metrics(steps, run.records, run.windows, spec, goodput=getattr(slo, "goodput", None),
