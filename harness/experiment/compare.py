@@ -54,8 +54,14 @@ COMPARE_FILE = "compare.json"
 TOLERANCES: dict[str, float] = {"latency": 0.10, "error_rate": 0.01, "throughput": 0.10, "acceptance": 0.05,
                                 "recovery": 0.20}
 
+#: Per-request latency values (seconds) of a record: one, or ITL's one per chunk gap.
 _LATENCIES: dict[str, Callable[[RequestRecord], Iterable[float | None]]] = {
     "ttft_s": lambda r: [ttft_s(r)], "tpot_s": lambda r: [tpot_s(r)], "itl_s": itl_s, "e2e_s": lambda r: [e2e_s(r)]}
+
+
+def _failed(r: RequestRecord) -> list[float]:
+    """1.0 for a try that did not complete, else 0.0 (the error rate's values)."""
+    return [0.0 if is_complete(r)[0] else 1.0]
 _PCTS = (50, 95, 99)
 _RECOVERY = ("time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s")
 
@@ -131,25 +137,30 @@ def _buckets(side: Side, phase: str) -> set[str]:
     return {r.prompt_class or "unknown" for m in side.members for r in m.get(phase, [])}
 
 
-def _values(side: Side, phase: str, bucket: str, get: Callable[[RequestRecord], Iterable[float | None]]) -> list[list[float]]:
+def _values(side: Side, phase: str, bucket: str, get: Callable[[RequestRecord], Iterable[float | None]],
+            complete_only: bool = True) -> list[list[float]]:
+    """Per run of the side, ``get``'s values over the phase's tries of ``bucket`` (``all``:
+    every bucket); ``complete_only``: of the complete tries only (latencies)."""
     out = []
     for m in side.members:
         vals = []
         for r in m.get(phase, []):
             if bucket != "all" and (r.prompt_class or "unknown") != bucket:
                 continue
+            if complete_only and not is_complete(r)[0]:
+                continue
             vals += [v for v in get(r) if v is not None]
         out.append(vals)
     return out
 
 
-def _per_run(side: Side, get: Callable[[dict[str, Any]], Any]) -> list[list[float]]:
+def _per_run(side: Side, *path: str) -> list[list[float]]:
+    """Per run of the side, the number at ``path`` in its report.json (``[]`` where absent)."""
     out = []
     for rep in side.reports:
-        try:
-            v = get(rep)
-        except (KeyError, TypeError, AttributeError):
-            v = None
+        v: Any = rep
+        for key in path:
+            v = v.get(key) if isinstance(v, dict) else None
         out.append([float(v)] if isinstance(v, (int, float)) and not isinstance(v, bool) else [])
     return out
 
@@ -190,33 +201,23 @@ def compare(a: Side, b: Side, *, tolerances: dict[str, float] | None = None, con
         if not any(phase in m for m in a.members) or not any(phase in m for m in b.members):
             continue
         for bucket in ["all", *sorted(_buckets(a, phase) & _buckets(b, phase))]:
-            def complete(get):
-                return lambda r: get(r) if is_complete(r)[0] else []
             for name, get in _LATENCIES.items():
-                av, bv = _values(a, phase, bucket, complete(get)), _values(b, phase, bucket, complete(get))
+                av, bv = _values(a, phase, bucket, get), _values(b, phase, bucket, get)
                 ests = bootstrap_changes(av, bv, lambda v: np.percentile(v, _PCTS), confidence=confidence,
                                          resamples=resamples, seed=seed, min_values=min_samples)
                 for q, est in zip(_PCTS, ests):
                     row(phase, bucket, f"{name} p{q}", est, True, "up", "latency")
-
-            def failed(r: RequestRecord) -> list[float]:
-                return [0.0 if is_complete(r)[0] else 1.0]
-            add(phase, bucket, "error_rate", _values(a, phase, bucket, failed), _values(b, phase, bucket, failed),
-                lambda v: float(np.mean(v)), relative=False, worse="up", tkey="error_rate")
-        for fig, key in (("output_throughput_tps", "output_throughput_tps"), ("goodput_rps", "goodput_rps")):
-            def get(rep, key=key, phase=phase):
-                return rep["phases"][phase][key]
-            add(phase, "all", fig, _per_run(a, get), _per_run(b, get), lambda v: float(np.mean(v)),
+            add(phase, bucket, "error_rate", _values(a, phase, bucket, _failed, complete_only=False),
+                _values(b, phase, bucket, _failed, complete_only=False), np.mean, relative=False, worse="up",
+                tkey="error_rate")
+        for fig in ("output_throughput_tps", "goodput_rps"):
+            add(phase, "all", fig, _per_run(a, "phases", phase, fig), _per_run(b, "phases", phase, fig), np.mean,
                 relative=True, worse="down", tkey="throughput", per_run=True)
-
-        def acc(rep, phase=phase):
-            return rep["speculation"]["servers"]["spec"]["phases"][phase]["acceptance_rate"]
-        add(phase, "all", "acceptance_rate", _per_run(a, acc), _per_run(b, acc), lambda v: float(np.mean(v)),
+        acc = ("speculation", "servers", "spec", "phases", phase, "acceptance_rate")
+        add(phase, "all", "acceptance_rate", _per_run(a, *acc), _per_run(b, *acc), np.mean,
             relative=False, worse="down", tkey="acceptance", per_run=True)
     for key in _RECOVERY:
-        def rec(rep, key=key):
-            return rep["recovery"][key]
-        add("recovery", "all", key, _per_run(a, rec), _per_run(b, rec), lambda v: float(np.mean(v)),
+        add("recovery", "all", key, _per_run(a, "recovery", key), _per_run(b, "recovery", key), np.mean,
             relative=True, worse="up", tkey="recovery", per_run=True)
     rows = [r for r in rows if r["a"] is not None or r["b"] is not None]
     n = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("regression", "improvement", "inconclusive")}
