@@ -107,6 +107,12 @@ class RecordedRun:
     ref_records: list[RequestRecord] = field(default_factory=list)
 
     @property
+    def soak(self) -> bool:
+        """A soak run (``soak.enabled``): the sustained load is the experiment, so it needs no
+        fault (:mod:`harness.checks.soak`)."""
+        return bool(getattr(getattr(self.limits, "soak", None), "enabled", False))
+
+    @property
     def fault_time(self) -> float | None:
         """Epoch seconds of the first fault's injection (None when no fault was injected)."""
         return self.faults[0]["injected_at"] if self.faults else None

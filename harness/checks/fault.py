@@ -41,5 +41,4 @@ def method_skipped(run: RecordedRun) -> bool:
 def check(run: RecordedRun) -> list[CheckResult]:
     """The fault checks of a recorded run (a soak, ``soak.enabled``, needs no fault: the
     long load is its experiment)."""
-    soak = bool(getattr(getattr(run.limits, "soak", None), "enabled", False))
-    return fault_checks(run.faults, expected=not method_skipped(run) and not soak)
+    return fault_checks(run.faults, expected=not method_skipped(run) and not run.soak)

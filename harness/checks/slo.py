@@ -182,6 +182,5 @@ def check(run: RecordedRun) -> list[CheckResult]:
     """The SLO, degradation and coverage checks of a recorded run (``metrics.min_samples``
     of its configuration decides which latency checks are judged). A soak run without a
     fault (``soak.enabled``) is expected to have a baseline and an after phase only."""
-    soak = bool(getattr(getattr(run.limits, "soak", None), "enabled", False))
-    expected = ("baseline", "after") if soak and not run.faults else PHASES
+    expected = ("baseline", "after") if run.soak and not run.faults else PHASES
     return slo_checks(run.phases, run.limits.slo, run.limits.degradation, run.limits.metrics.min_samples, expected)

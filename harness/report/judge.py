@@ -36,11 +36,6 @@ __all__ = ["judge", "judge_run", "NO_FAULT_ERROR", "NO_FAULT_BEFORE_INTERRUPT"]
 log = logging.getLogger(__name__)
 
 
-def _soak(run: RecordedRun) -> bool:
-    """A soak run (``soak.enabled``): the long load is the experiment, a fault optional."""
-    return bool(getattr(getattr(run.limits, "soak", None), "enabled", False))
-
-
 def _run_errors(run: RecordedRun, errors: list[str], interrupted: bool, skipped: bool,
                 aborted: bool = False) -> list[str]:
     """The run errors: the runner's, plus a missing fault or a fault without evidence
@@ -50,7 +45,7 @@ def _run_errors(run: RecordedRun, errors: list[str], interrupted: bool, skipped:
     out = list(errors)
     if aborted:
         return [e for e in out if ABORT_PREFIX not in e]
-    if not run.faults and not skipped and not _soak(run):
+    if not run.faults and not skipped and not run.soak:
         out.append(NO_FAULT_BEFORE_INTERRUPT if interrupted else NO_FAULT_ERROR)
     for f in run.faults:
         if f["acted"]:
@@ -103,7 +98,7 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
                               f"{', ...' if len(bad) > 5 else ''}); they were not judged")
     aborted = abort_event(run.events) is not None
     errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken, interrupted, skipped, aborted)
-    fault_acted = (bool(run.faults) or skipped or _soak(run)) and all(f["acted"] for f in run.faults)
+    fault_acted = (bool(run.faults) or skipped or run.soak) and all(f["acted"] for f in run.faults)
     v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted, aborted=aborted)
     records = run.records
     n_ok = sum(1 for r in records if is_complete(r)[0])
