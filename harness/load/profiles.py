@@ -52,8 +52,8 @@ from harness.load.records import worker_record_files
 from harness.load.retry import describe
 
 __all__ = ["Segment", "schedule", "value_at", "users_at", "rate_at", "max_users", "iter_arrivals",
-           "arrival_times", "trace_period_s", "trace_arrivals", "arrivals", "timed", "source_start", "Walk", "planned_requests", "plan_digest", "PLAN_REQUESTS", "load_section",
-           "read_load_stats", "share"]
+           "arrival_times", "trace_period_s", "trace_arrivals", "arrivals", "timed", "source_start", "Walk",
+           "planned_requests", "plan_digest", "PLAN_REQUESTS", "load_section", "read_load_stats", "share"]
 
 #: One piece of a schedule: ``(start_s, end_s, value at start, value at end)``, linear in
 #: between; the last piece ends at ``math.inf`` with a constant value.
