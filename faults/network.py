@@ -67,7 +67,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.process_kill import same_process, send_signal_exact
-from faults.toxics import TOXIC_TYPES, attributes_error
+from faults.toxics import TOXIC_TYPES, LatencyAttrs, attributes_error, max_chunk_delay_s
 from harness import state as run_state
 from harness.errors import FaultError
 from harness.net import LOOPBACK_HINT, is_loopback_host
@@ -395,7 +395,8 @@ class Network(Fault):
     def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
         """Wait up to ``timeout_s`` for the toxic's measured effect (module doc).
 
-        Observations: ``toxic``, ``stream``, ``toxicity``, ``measured_by``, and the toxic's
+        Observations: ``toxic``, ``server``, ``stream``, ``toxicity``, ``measured_by``,
+        ``declared_added_latency_s`` (:meth:`declared_added_latency_s`), and the toxic's
         counters since injection: ``connections_affected``, ``chunks``,
         ``added_latency_ms`` ({count, mean, p50, p99, max}), ``bytes_dropped``,
         ``bytes_cut``, ``connections_closed``, ``connections_reset``, ``pieces``,
@@ -413,10 +414,20 @@ class Network(Fault):
                 return ev
             time.sleep(_POLL_S)
 
+    def declared_added_latency_s(self) -> float | None:
+        """What this toxic adds to one request's TTFT and E2E by its declaration, in seconds
+        (:func:`faults.toxics.max_chunk_delay_s`): a ``latency`` toxic only; None for the
+        others (their effect is not a declared delay). Recorded in the evidence so that
+        :mod:`harness.checks.slo` judges the fault phase's degradation beyond it."""
+        if self.params.toxic != "latency":
+            return None
+        return round(max_chunk_delay_s(LatencyAttrs(**self.params.attributes)), 6)
+
     def _judge(self, st: dict[str, Any]) -> Evidence:
         p, a = self.params, self.params.attributes
         added = st.get("added_ms") or {}
-        obs = {"toxic": p.toxic, "stream": p.stream, "toxicity": p.toxicity, "attributes": dict(a),
+        obs = {"toxic": p.toxic, "server": p.server, "stream": p.stream, "toxicity": p.toxicity, "attributes": dict(a),
+               "declared_added_latency_s": self.declared_added_latency_s(),
                "measured_by": f"the fault proxy's /stats ({self.client.api})",
                "connections_affected": st.get("connections_affected", 0), "chunks": st.get("chunks", 0),
                "added_latency_ms": added, "bytes_dropped": st.get("bytes_dropped", 0),
@@ -453,7 +464,9 @@ class Network(Fault):
 
     def _probe_evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
         """A toxiproxy server measures nothing: time ``GET /health`` through it and direct."""
-        obs: dict[str, Any] = {"toxic": self.params.toxic, "measured_by": "GET /health through the proxy vs direct"}
+        obs: dict[str, Any] = {"toxic": self.params.toxic, "server": self.params.server,
+                               "declared_added_latency_s": self.declared_added_latency_s(),
+                               "measured_by": "GET /health through the proxy vs direct"}
         if self.params.toxic != "latency":
             return Evidence(False, obs, f"a toxiproxy server gives no measurement for {self.params.toxic}")
 

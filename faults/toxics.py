@@ -215,6 +215,19 @@ def latency_s(attrs: LatencyAttrs, rng: random.Random) -> float:
     return max(0.0, ms) / 1000.0
 
 
+def max_chunk_delay_s(attrs: LatencyAttrs) -> float:
+    """The most one chunk's delay may be, by the toxic's declaration, in seconds: ``latency``
+    + ``jitter`` for the uniform distribution (its upper end), ``latency`` + 3 ``jitter`` for
+    the normal one (its 99.87th percentile; :func:`latency_s` draws it).
+
+    Chunks are delayed from their arrival and written in order, so a request's TTFT and E2E
+    each gain about one chunk's delay, not one per chunk: this bound is what a downstream (or
+    upstream) latency toxic adds to them by design (:mod:`harness.checks.slo` judges the
+    stack's degradation beyond it)."""
+    spread = 3.0 * attrs.jitter if attrs.distribution == "normal" else attrs.jitter
+    return (attrs.latency + spread) / 1000.0
+
+
 def slice_sizes(n: int, attrs: SlicerAttrs, rng: random.Random) -> list[int]:
     """Sizes of the pieces a chunk of ``n`` bytes is split into (each ≥ 1, summing to ``n``)."""
     sizes = []

@@ -10,7 +10,13 @@
   TPOT and E2E within ``after_vs_baseline_max_ratio``;
 * ``degradation.fault_vs_baseline.<metric>_p95_ratio`` — the same for the fault phase
   within ``fault_vs_baseline_max_ratio`` (only when that limit is set: graceful
-  degradation under a fault such as network jitter);
+  degradation under a fault such as network jitter). A fault that adds a declared delay to
+  every request by design (a ``latency`` toxic on the speculative server's load path:
+  evidence ``declared_added_latency_s``, :func:`faults.toxics.max_chunk_delay_s`) has that
+  delay taken off the fault phase's p95 TTFT and E2E before the ratio: what is judged is
+  the stack's degradation beyond what the fault injects. A bare ratio would judge an
+  absolute delay against the baseline's size (50 ms of jitter over an 80 ms baseline p95
+  TTFT is a ratio near 3 on its own, and the verdict then flips with the host's noise);
 * ``coverage.<phase>.requests`` — every phase has at least ``min_requests_per_phase``.
 
 A missing phase or a metric without data fails with ``observed=None``: nothing is ever
@@ -30,7 +36,7 @@ from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.config import DegradationConfig, SloConfig
 from harness.metrics.phases import PHASES
 
-__all__ = ["phase_slo_checks", "coverage_check", "slo_checks", "check"]
+__all__ = ["phase_slo_checks", "coverage_check", "slo_checks", "declared_added_latency", "check"]
 
 #: (short name, phase metric key, SloConfig limit field) of every p95 latency SLO.
 _SLO_METRICS = (("ttft", "ttft_s", "ttft_p95_s"), ("tpot", "tpot_s", "tpot_p95_s"), ("itl", "itl_s", "itl_p95_s"),
@@ -108,7 +114,8 @@ def coverage_check(phase: str, m: dict[str, Any] | None, need: int) -> CheckResu
 
 
 def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
-               min_samples: int = 1, expected: tuple[str, ...] = PHASES) -> list[CheckResult]:
+               min_samples: int = 1, expected: tuple[str, ...] = PHASES,
+               fault_added_s: dict[str, float] | None = None) -> list[CheckResult]:
     """SLO, degradation and coverage checks.
 
     Args:
@@ -119,6 +126,9 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
             fewer complete requests, but at least one, are not judged.
         expected: the phases the run must have (coverage); without ``fault`` (a soak with no
             fault) the fault phase's checks are left out.
+        fault_added_s: ``{phase metric key: seconds}`` the faults add to every request by
+            declaration (:func:`declared_added_latency`), taken off the fault phase's p95
+            before its ratio to the baseline (never below 0); None or absent keys: nothing.
 
     Returns:
         Checks in a stable order: SLO for baseline then after, fault error rate,
@@ -140,17 +150,19 @@ def slo_checks(phases: dict[str, dict], slo: SloConfig, deg: DegradationConfig,
     base = phases.get("baseline")
     out += _ratio_checks("after", base, phases.get("after"), deg.after_vs_baseline_max_ratio, min_samples)
     if deg.fault_vs_baseline_max_ratio is not None and "fault" in expected:
-        out += _ratio_checks("fault", base, phases.get("fault"), deg.fault_vs_baseline_max_ratio, min_samples)
+        out += _ratio_checks("fault", base, phases.get("fault"), deg.fault_vs_baseline_max_ratio, min_samples,
+                             fault_added_s or {})
 
     out += [coverage_check(ph, phases.get(ph), deg.min_requests_per_phase) for ph in PHASES if ph in expected]
     return out
 
 
 def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: float,
-                  min_samples: int = 1) -> list[CheckResult]:
+                  min_samples: int = 1, added_s: dict[str, float] | None = None) -> list[CheckResult]:
     """``degradation.<phase>_vs_baseline.<metric>_p95_ratio`` for TTFT, TPOT and E2E: the
-    phase's p95 ÷ the baseline's, at most ``limit``; not judged when either phase's
-    figures rest on fewer than ``min_samples`` complete requests (but at least one)."""
+    phase's p95 (less ``added_s[key]`` seconds a fault declares it adds, never below 0) ÷ the
+    baseline's, at most ``limit``; not judged when either phase's figures rest on fewer than
+    ``min_samples`` complete requests (but at least one)."""
     out = []
     thin = [(p, k) for p, k in (("baseline", _thin(base, min_samples)), (phase, _thin(other, min_samples)))
             if k is not None]
@@ -158,6 +170,10 @@ def _ratio_checks(phase: str, base: dict | None, other: dict | None, limit: floa
         name = f"degradation.{phase}_vs_baseline.{short}_p95_ratio"
         b, a = _p95(base, key), _p95(other, key)
         what = f"{phase}/baseline p95 {short.upper()}"
+        added = (added_s or {}).get(key, 0.0)
+        if a is not None and added > 0:
+            what += f" less the {added * 1000:.4g} ms the fault declares it adds (measured {a:.4g})"
+            a = max(0.0, a - added)
         if thin:
             ratio = a / b if a is not None and b else None
             out.append(_not_judged(name, "degradation", ratio, limit, what, thin[0][0], thin[0][1], min_samples))
@@ -183,4 +199,26 @@ def check(run: RecordedRun) -> list[CheckResult]:
     of its configuration decides which latency checks are judged). A soak run without a
     fault (``soak.enabled``) is expected to have a baseline and an after phase only."""
     expected = ("baseline", "after") if run.soak and not run.faults else PHASES
-    return slo_checks(run.phases, run.limits.slo, run.limits.degradation, run.limits.metrics.min_samples, expected)
+    return slo_checks(run.phases, run.limits.slo, run.limits.degradation, run.limits.metrics.min_samples, expected,
+                      declared_added_latency(run.faults))
+
+
+def declared_added_latency(faults: list[dict[str, Any]], server: str = "spec") -> dict[str, float]:
+    """``{"ttft_s": s, "e2e_s": s}``: the delay, in seconds, that the run's faults declare they
+    add to every request of ``server`` (the load records the checks judge), summed over the
+    faults that acted and recorded ``declared_added_latency_s`` in their evidence (a
+    ``latency`` toxic on that server's load path); ``{}`` when none did. TPOT is not
+    included: a delay per chunk, counted from each chunk's arrival, moves a stream's first
+    and last token alike.
+
+    Args:
+        faults: :attr:`RecordedRun.faults` (:func:`harness.timeline.fault_summary` entries).
+        server: whose load path counts (``"spec"``).
+    """
+    total = 0.0
+    for f in faults:
+        obs = ((f.get("evidence") or {}).get("observations") or {})
+        declared = obs.get("declared_added_latency_s")
+        if f.get("acted") and declared and obs.get("server", server) == server:
+            total += float(declared)
+    return {"ttft_s": total, "e2e_s": total} if total > 0 else {}

@@ -2,7 +2,7 @@ import copy
 
 import pytest
 
-from harness.checks.slo import slo_checks
+from harness.checks.slo import declared_added_latency, slo_checks
 from harness.checks.config import DegradationConfig, SloConfig
 from harness.metrics.phases import PHASES
 
@@ -199,3 +199,60 @@ def test_the_fault_phase_degradation_on_few_requests_is_not_judged():
     c = by_name(slo_checks(phases, SLO, bounded, min_samples=10))
     assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].passed is None
     assert "rests on 4 complete requests in phase 'fault'" in c["degradation.fault_vs_baseline.ttft_p95_ratio"].detail
+
+
+# ------------------------------------------------------------------ a fault's declared delay
+
+JITTER_DEG = DegradationConfig(fault_vs_baseline_max_ratio=3.0, after_vs_baseline_max_ratio=3.0, min_requests_per_phase=3)
+
+
+def jitter_phases(fault_ttft, fault_e2e=0.4, fault_tpot=0.012):
+    """The gate's flake: baseline p95 TTFT 85 ms, E2E 0.3 s, TPOT 10 ms."""
+    base = phase(ttft=0.085, tpot=0.010, e2e=0.3)
+    return {"baseline": base, "fault": phase(ttft=fault_ttft, tpot=fault_tpot, e2e=fault_e2e),
+            "recovery": base, "after": base}
+
+
+def test_a_declared_delay_is_taken_off_the_fault_phase_before_its_ratio():
+    """0.282 s over 0.085 s is 3.32 as a bare ratio (the measured flake); less the 125 ms the
+    toxic declares (50 ms + 3 x 25 ms), 1.85: the stack degraded less than 2x beyond it."""
+    bare = by_name(slo_checks(jitter_phases(0.282), SLO, JITTER_DEG))["degradation.fault_vs_baseline.ttft_p95_ratio"]
+    assert bare.passed is False and bare.observed == pytest.approx(3.318, abs=1e-3)
+    added = {"ttft_s": 0.125, "e2e_s": 0.125}
+    c = by_name(slo_checks(jitter_phases(0.282), SLO, JITTER_DEG, fault_added_s=added))
+    ttft = c["degradation.fault_vs_baseline.ttft_p95_ratio"]
+    assert ttft.passed is True and ttft.observed == pytest.approx((0.282 - 0.125) / 0.085)
+    assert "125 ms the fault declares" in ttft.detail and "0.282" in ttft.detail
+    assert c["degradation.fault_vs_baseline.e2e_p95_ratio"].observed == pytest.approx((0.4 - 0.125) / 0.3)
+    assert c["degradation.fault_vs_baseline.tpot_p95_ratio"].observed == pytest.approx(1.2)   # TPOT: nothing taken off
+    assert c["degradation.after_vs_baseline.ttft_p95_ratio"].observed == pytest.approx(1.0)  # only the fault phase
+
+
+def test_a_stack_that_degrades_beyond_the_declared_delay_still_fails():
+    """Defect: the server itself slows down 4x under the toxic (fault p95 TTFT 0.34 s + the
+    125 ms declared): the ratio beyond the delay is 4.0 > 3, fail."""
+    added = {"ttft_s": 0.125, "e2e_s": 0.125}
+    c = by_name(slo_checks(jitter_phases(0.34 + 0.125, fault_e2e=1.5), SLO, JITTER_DEG, fault_added_s=added))
+    assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].passed is False
+    assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].observed == pytest.approx(4.0)
+    assert c["degradation.fault_vs_baseline.e2e_p95_ratio"].passed is False
+
+
+def test_a_declared_delay_never_makes_a_negative_latency():
+    added = {"ttft_s": 0.5, "e2e_s": 0.5}
+    c = by_name(slo_checks(jitter_phases(0.2), SLO, JITTER_DEG, fault_added_s=added))
+    assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].observed == 0.0
+
+
+def fault(acted=True, declared=0.125, server="spec"):
+    return {"kind": "network", "acted": acted,
+            "evidence": {"acted": acted, "observations": {"toxic": "latency", "server": server,
+                                                          "declared_added_latency_s": declared}}}
+
+
+def test_the_declared_delay_counts_faults_that_acted_on_the_judged_server_only():
+    assert declared_added_latency([fault()]) == {"ttft_s": 0.125, "e2e_s": 0.125}
+    assert declared_added_latency([fault(), fault(declared=0.05)]) == pytest.approx({"ttft_s": 0.175, "e2e_s": 0.175})
+    assert declared_added_latency([fault(acted=False)]) == {}
+    assert declared_added_latency([fault(server="ref")]) == {}
+    assert declared_added_latency([fault(declared=None), {"kind": "process-kill", "acted": True, "evidence": None}]) == {}

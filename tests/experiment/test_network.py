@@ -103,6 +103,9 @@ def test_jitter_through_the_proxy_degrades_gracefully_on_the_fake(tmp_path):
     (fault,) = rep["faults"]
     ev = fault["evidence"]["observations"]
     assert fault["kind"] == "network" and fault["acted"] and ev["added_latency_ms"]["mean"] >= 30
+    assert ev["declared_added_latency_s"] == pytest.approx(0.120) and ev["server"] == "spec"   # 60 + 3 x 20 ms
+    ratio = {c["name"]: c for c in rep["checks"]}["degradation.fault_vs_baseline.ttft_p95_ratio"]
+    assert "120 ms the fault declares" in ratio["detail"], ratio          # judged beyond the declared delay
     ph = rep["phases"]
     assert ph["fault"]["ttft_s"]["p50"] > ph["baseline"]["ttft_s"]["p50"] + 0.03     # seen at the client too
     events = [json.loads(l) for l in (out / "timeline.jsonl").read_text().splitlines()]

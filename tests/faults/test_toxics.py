@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faults.toxics import (CorruptAttrs, CorruptPlan, SlicerAttrs, SseReframer, affected, chunk, connection_rng, corrupt_events,
+from faults.toxics import (LatencyAttrs, latency_s, max_chunk_delay_s,
+                           CorruptAttrs, CorruptPlan, SlicerAttrs, SseReframer, affected, chunk, connection_rng, corrupt_events,
                            parse_toxic, slice_sizes, split_events)
 
 
@@ -157,3 +158,13 @@ def test_corrupt_through_the_reframer_matches_the_pure_function():
         out = SseReframer(plan).feed(sse_response(events, [17, 50]))
         expected, _ = corrupt_events(events, random.Random(seed), attrs)
         assert decode(out) == [expected]
+
+
+def test_the_most_one_chunk_is_delayed_by_declaration():
+    assert max_chunk_delay_s(LatencyAttrs(latency=50, jitter=25, distribution="normal")) == pytest.approx(0.125)
+    assert max_chunk_delay_s(LatencyAttrs(latency=50, jitter=25)) == pytest.approx(0.075)       # uniform: its upper end
+    assert max_chunk_delay_s(LatencyAttrs(latency=30)) == pytest.approx(0.030)
+    rng = random.Random(7)
+    attrs = LatencyAttrs(latency=50, jitter=25, distribution="normal")
+    draws = [latency_s(attrs, rng) for _ in range(20000)]
+    assert sum(d > max_chunk_delay_s(attrs) for d in draws) / len(draws) < 0.003   # 3 sd: 0.13 % expected
