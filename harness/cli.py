@@ -6,6 +6,8 @@
                                          check an experiment without starting anything
     specchaos init DIR [--force]         copy the shipped experiments into DIR
     specchaos report DIR                 re-judge a finished run from its saved data
+    specchaos sweep FILE [--out DIR]     a matrix of cells, each speculative vs plain; DIR/policy.json,
+                                         a table and plots; rerun with the same --out to resume
     specchaos compare A B [--tolerance NAME=VALUE]... [--json FILE] [--allure-dir DIR]
                                          B vs A per phase and bucket, bootstrap intervals; exit 1 on a regression
     specchaos models build [--dir DIR] [--set tiny|real]
@@ -50,12 +52,14 @@ from harness.experiment.runner import EXIT_CODES
 from harness.experiment.runner import run as run_experiment
 from harness.experiment.schema import SCHEMA_NAMES, write_schemas
 from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments
+from harness.experiment.sweep import POLICY_FILE, plan_sweep, run_sweep
 from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
 from harness.report.allure import ALLURE_DIR_ENV
 from harness.report.compare import render_comparison, write_allure_comparison
 from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
 from harness.report.summary import print_summary
+from harness.report.sweep import plot_sweep, render_sweep
 from harness.stack.base import ROLE_DOCS
 from harness.stack.models import build_models
 from harness.stack.pool import StackPool
@@ -225,6 +229,48 @@ def compare(a: Path = typer.Argument(..., metavar="A", help="Base: a run directo
     if allure_dir is not None:
         write_allure_comparison(result, allure_dir)
     raise typer.Exit(1 if result["verdict"] == "regression" else 0)
+
+
+@app.command()
+def sweep(file: Path = typer.Argument(..., help="A sweep file: a base experiment and a matrix (docs: guides/sweep)."),
+          out_dir: Path = typer.Option(Path("results/sweep"), "--out", help="Directory for runs/, policy.json and plots/; rerun with the same one to resume."),
+          no_progress: bool = typer.Option(False, "--no-progress", help="No per-run progress display on stderr."),
+          plan_only: bool = typer.Option(False, "--plan", help="Validate and list the runs and cells; start nothing.")) -> None:
+    """Run a sweep: every cell speculative vs plain on the same workload, the break-even map, best k and a recommended policy (exit 0 every run measured, 2 bad input or a run without measurement)."""
+    if not logging.getLogger().isEnabledFor(logging.INFO):
+        logging.getLogger("harness").setLevel(logging.WARNING)
+    try:
+        plan = plan_sweep(file)
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    cells = sum(len(r.buckets) * len(r.sampling) for r in plan.runs)
+    out.print(f"{file}: {len(plan.runs)} run(s), {cells} cell(s), {plan.stacks} stack(s)", highlight=False)
+    if plan_only:
+        for r in plan.runs:
+            out.print(f"  {r.id}: " + ", ".join(r.cell_id(b, s) for b in r.buckets for s in r.sampling),
+                      highlight=False)
+        return
+    try:
+        summary = run_sweep(plan, out_dir, progress=not no_progress,
+                            echo=lambda line: out.print(line, highlight=False))
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    out.print(render_sweep(summary))
+    plots = plot_sweep(summary, out_dir / "plots") if summary["cells"] else []
+    out.print(f"policy: {out_dir / POLICY_FILE}   plots: {', '.join(str(p) for p in plots) or 'none'}",
+              highlight=False)
+    sw = summary["sweep"]
+    if sw["interrupted"]:
+        err.print(f"specchaos: error: interrupted; {sw['ran'] + sw['kept']} finished run(s) kept: rerun with "
+                  f"--out {out_dir} to resume", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+    if sw["failed"]:
+        err.print(f"specchaos: error: {len(sw['failed'])} run(s) gave no measurement ({', '.join(sw['failed'][:5])}); "
+                  f"see {out_dir / 'runs'}; rerun with the same --out to retry them", markup=False, highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(2)
 
 
 @app.command()

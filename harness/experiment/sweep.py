@@ -1,0 +1,412 @@
+"""``specchaos sweep FILE --out DIR``: run a sweep's cells, measure each against plain
+decoding, and derive a speculation policy.
+
+**Plan** (:func:`plan_sweep`). The sweep file (:mod:`harness.experiment.sweep_config`) is
+expanded into *runs*, each one experiment run of the base with overrides: the speculator's
+``stack.method``/``stack.draft``, ``stack.num_speculative_tokens``, mirror mode
+(``load.mirror``, ``stack.reference``), the load level (closed loop: ``2 × C`` users, each
+alternating between the two servers, so each server holds about ``C`` requests in flight;
+open loop: ``rate`` arrivals/s, each sent to both), and with ``workload: separate`` the
+cell's bucket alone (the other buckets' prompt counts 0) and sampling class alone. With
+``workload: mixed`` one run per speculator × k × level carries every bucket and class of
+the matrix, and its cells are its records split by ``prompt_class`` and ``sampling``
+(fewer runs; each kind of request measured inside the mixed load production sees). Runs
+are ordered so that those of one speculator and k follow each other: they share one
+started stack (:class:`~harness.stack.pool.StackPool`, key = the ``stack`` block), only the
+load changes. Every run is validated (:func:`~harness.experiment.validate.load_experiment`)
+before anything starts.
+
+**Output** under ``DIR``: ``sweep.json`` (the plan), ``runs/<run>/`` (each run's directory,
+as ``specchaos run`` writes it, plus ``sweep-run.json``: the run's cells and their figures,
+:func:`harness.metrics.sweep.cell_figures`), ``policy.json`` (:func:`summarize`), and
+``plots/`` (:mod:`harness.report.sweep`).
+
+**Resume.** A run is done when its ``sweep-run.json`` is complete (written last, by an
+atomic rename) and was made for the same run (its ``key``: the base file's text and the
+run's overrides). Rerunning a sweep with the same ``--out`` keeps done runs and runs the
+rest; a run directory without a complete result (a crash, an interruption) is removed and
+run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import resource
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from harness.checks.run import load_run
+from harness.errors import ExperimentError, SpecchaosError, first_error
+from harness.experiment import session
+from harness.experiment.config import SpecchaosConfig
+from harness.experiment.overrides import SET, VAR_FILE, Override
+from harness.experiment.runner import prepare_out_dir
+from harness.experiment.runner import run as run_experiment
+from harness.experiment.sweep_config import Speculator, SweepConfig, load_sweep_file
+from harness.experiment.validate import load_experiment
+from harness.metrics.phases import records_in
+from harness.metrics.policy import FIGURES, best_k, break_even, derive_policy
+from harness.metrics.sweep import cell_figures
+from harness.stack.pool import StackPool, stack_key
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunPlan", "SweepPlan", "plan_sweep", "run_sweep", "analyse_run", "summarize", "RESULT_FILE",
+           "POLICY_FILE"]
+
+RESULT_FILE = "sweep-run.json"
+POLICY_FILE = "policy.json"
+_LEGACY_COUNT = {"short": "short_prompts", "medium": "medium_prompts", "long": "long_prompts"}
+
+#: ``execute(base, run_dir, overrides) -> (exit code, report)``: one experiment run.
+Execute = Callable[[Path, Path, list[Override]], "tuple[int, dict[str, Any] | None]"]
+
+
+@dataclass
+class RunPlan:
+    """One experiment run of the sweep: its cells are ``buckets × sampling``."""
+
+    id: str
+    speculator: Speculator
+    k: int
+    level: float
+    buckets: list[str]
+    sampling: list[str]
+    overrides: list[Override]
+    key: str = ""
+    stack_key: str = ""
+    level_kind: str = "concurrency"
+
+    def cell_id(self, bucket: str, sampling: str) -> str:
+        """``<speculator>-k<k>-<c|r><level>-<bucket>-<sampling>``."""
+        return f"{self.speculator.name}-k{self.k}-{_level(self.level, self.level_kind)}-{bucket}-{sampling}"
+
+
+@dataclass
+class SweepPlan:
+    """A validated sweep: the file, its base, the base's buckets (``name → (min, max)``
+    prompt tokens) and the runs in the order they run."""
+
+    path: Path
+    cfg: SweepConfig
+    base: Path
+    buckets: dict[str, tuple[int, int]]
+    runs: list[RunPlan] = field(default_factory=list)
+
+    @property
+    def stacks(self) -> int:
+        """Distinct stacks the runs need (one start each with reuse)."""
+        return len({r.stack_key for r in self.runs})
+
+
+def _level(level: float, kind: str) -> str:
+    return f"{'c' if kind == 'concurrency' else 'r'}{level:g}"
+
+
+def _ov(path: str, value: Any, rank: int = SET) -> Override:
+    return Override(path, value, f"sweep cell: {path}", rank)
+
+
+def _set_overrides(cfg: SweepConfig, path: Path) -> list[Override]:
+    """The sweep's ``set`` block as overrides (ranked below the cells' own)."""
+    out: list[Override] = []
+
+    def leaves(prefix: str, value: Any) -> None:   # a mapping sets each leaf, as --set does
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                leaves(f"{prefix}.{k}", v)
+        else:
+            out.append(Override(prefix, value, f"{path}: set.{prefix}", VAR_FILE))
+
+    for k, v in cfg.set.items():
+        leaves(str(k), v)
+    return out
+
+
+def _cell_overrides(cfg: SweepConfig, base_cfg: SpecchaosConfig, spec: Speculator, k: int, level: float,
+                    buckets: list[str], sampling: list[str]) -> list[Override]:
+    ovs = [_ov("stack.method", spec.method), _ov("stack.num_speculative_tokens", k), _ov("stack.reference", True),
+           _ov("load.mirror", True)]
+    ovs.append(_ov("stack.draft", spec.draft if spec.draft is not None or spec.method in ("ngram", "mtp")
+                   else "draft-exact"))
+    if cfg.matrix.level_kind == "concurrency":
+        users = int(2 * level)
+        ovs += [_ov("load.users", users), _ov("load.spawn_rate", users), _ov("load.profile.kind", "closed"),
+                _ov("load.profile.users", users), _ov("load.profile.ramp", None), _ov("load.profile.steps", [])]
+    else:
+        ovs += [_ov("load.profile.kind", "open"), _ov("load.profile.rate", level), _ov("load.profile.ramp", None),
+                _ov("load.profile.steps", [])]
+    classes = {c.name: c for c in base_cfg.load.sampling}
+    ovs.append(_ov("load.sampling", [classes[n].model_dump(mode="json") for n in sampling]))
+    all_buckets = base_cfg.load.bucket_names()
+    if set(buckets) != set(all_buckets):
+        if base_cfg.load.buckets is None:   # the default buckets: their counts are fields of their own
+            ovs += [_ov(f"load.{_LEGACY_COUNT[b]}", 0) for b in all_buckets if b not in buckets]
+        else:
+            ovs.append(_ov("load.buckets", [dict(b.model_dump(mode="json"), count=b.count if b.name in buckets else 0)
+                                            for b in base_cfg.load.buckets]))
+    return ovs
+
+
+def plan_sweep(path: str | Path) -> SweepPlan:
+    """Read, expand and validate a sweep file (module doc); starts nothing.
+
+    Raises:
+        ExperimentError: the sweep file, its base or a run's settings are invalid (named).
+        SpecchaosError: as :func:`~harness.experiment.validate.load_experiment` (a missing model, a busy port).
+    """
+    path = Path(path)
+    cfg = load_sweep_file(path)
+    base = (path.parent / cfg.base) if not Path(cfg.base).is_absolute() else Path(cfg.base)
+    if not base.is_file():
+        raise ExperimentError(f"the base experiment {cfg.base!r} does not exist (relative to the sweep file)",
+                              where=f"{path}: base")
+    set_ovs = _set_overrides(cfg, path)
+    base_exp = load_experiment(base, overrides=set_ovs)
+    bcfg = base_exp.cfg
+    specs = {s[0]: (s[3], s[4]) for s in bcfg.load.bucket_specs()}
+    buckets = cfg.matrix.buckets or list(specs)
+    for b in buckets:
+        if b not in specs:
+            raise ExperimentError(f"unknown bucket {b!r} (the base's load has: {', '.join(specs)})",
+                                  where=f"{path}: matrix.buckets")
+        if bcfg.load.buckets is not None and next(x.count for x in bcfg.load.buckets if x.name == b) == 0 or \
+                bcfg.load.buckets is None and getattr(bcfg.load, _LEGACY_COUNT[b]) == 0:
+            raise ExperimentError(f"bucket {b!r} has no prompts in the base (count 0)", where=f"{path}: matrix.buckets")
+    classes = [c.name for c in bcfg.load.sampling]
+    sampling = cfg.matrix.sampling or classes
+    for s in sampling:
+        if s not in classes:
+            raise ExperimentError(f"unknown sampling class {s!r} (the base's load.sampling has: {', '.join(classes)})",
+                                  where=f"{path}: matrix.sampling")
+    plan = SweepPlan(path, cfg, base, {b: specs[b] for b in buckets})
+    base_text = base.read_text(encoding="utf-8")
+    kind = cfg.matrix.level_kind
+    workloads = [(buckets, sampling)] if cfg.workload == "mixed" else [([b], [s]) for b in buckets for s in sampling]
+    for spec in cfg.matrix.speculators:
+        for k in cfg.matrix.k:
+            for level in cfg.matrix.levels:
+                for bs, ss in workloads:
+                    rid = f"{spec.name}-k{k}-{_level(level, kind)}" + ("" if cfg.workload == "mixed" else
+                                                                        f"-{bs[0]}-{ss[0]}")
+                    ovs = set_ovs + _cell_overrides(cfg, bcfg, spec, k, level, bs, ss)
+                    try:
+                        exp = load_experiment(base, overrides=ovs)
+                    except SpecchaosError as exc:
+                        raise type(exc)(f"run {rid}: {exc.message}", where=exc.where or str(path), hint=exc.hint) \
+                            from None
+                    key = hashlib.sha256(json.dumps([base_text, [[o.path, o.value] for o in ovs],
+                                                     cfg.measure_phases, cfg.policy.model_dump()],
+                                                    sort_keys=True, default=str).encode()).hexdigest()
+                    plan.runs.append(RunPlan(rid, spec, k, level, list(bs), list(ss), ovs, key,
+                                             stack_key(exp.cfg.stack), kind))
+    return plan
+
+
+def analyse_run(plan: SweepPlan, run: RunPlan, run_dir: Path) -> list[dict[str, Any]]:
+    """The cells of one finished run (module doc), from its saved files.
+
+    Returns:
+        One dict per bucket × sampling class: ``id``, the cell's coordinates (``speculator``,
+        ``method``, ``draft``, ``k``, ``level``, ``bucket``, ``min_prompt_tokens``,
+        ``max_prompt_tokens``, ``sampling``) and :func:`harness.metrics.sweep.cell_figures`.
+
+    Raises:
+        SpecchaosError: the run's saved files are unreadable.
+    """
+    try:
+        cfg = SpecchaosConfig.model_validate(json.loads((run_dir / "config.json").read_text()),
+                                             context={"recorded": True})
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            raise SpecchaosError(first_error(exc)[1], where=str(run_dir / "config.json")) from None
+        raise SpecchaosError(f"unreadable saved file: {exc}", where=str(run_dir)) from None
+    rec = load_run(run_dir, cfg)
+    wins = [rec.windows[p] for p in plan.cfg.measure_phases if p in rec.windows]
+
+    def measured(records: list) -> list:
+        seen: dict[int, Any] = {}
+        for a, b in wins:
+            for r in records_in(records, a, b):
+                seen[id(r)] = r
+        return list(seen.values())
+
+    spec_all, ref_all = measured(rec.records), measured(rec.ref_records)
+    pol = plan.cfg.policy
+    cells = []
+    for bucket in run.buckets:
+        for samp in run.sampling:
+            def pick(rs: list) -> list:
+                return [r for r in rs if (r.prompt_class or "unknown") == bucket and (r.sampling or "greedy") == samp]
+            figs = cell_figures(pick(spec_all), pick(ref_all), level=run.level, level_kind=run.level_kind, k=run.k,
+                                goodput=cfg.slo.goodput, confidence=pol.confidence, resamples=pol.resamples,
+                                seed=pol.seed, min_values=pol.min_values)
+            lo, hi = plan.buckets[bucket]
+            cells.append({"id": run.cell_id(bucket, samp), "run": run.id, "speculator": run.speculator.name,
+                          "method": run.speculator.method, "draft": cfg.stack.draft, "k": run.k,
+                          "level": run.level, "bucket": bucket, "min_prompt_tokens": lo, "max_prompt_tokens": hi,
+                          "sampling": samp, **figs})
+    return cells
+
+
+def _done(result: Path, key: str) -> bool:
+    try:
+        data = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("complete") is True and data.get("key") == key
+
+
+def _write_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _default_execute(progress: bool) -> Execute:
+    def execute(base: Path, run_dir: Path, overrides: list[Override]) -> tuple[int, dict[str, Any] | None]:
+        return run_experiment(base, run_dir, progress=progress, overrides=overrides)
+    return execute
+
+
+def run_sweep(plan: SweepPlan, out_dir: str | Path, *, progress: bool = False, reuse: bool = True,
+              execute: Execute | None = None, echo: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run the plan's runs that are not done yet (module doc, *Resume*), then write
+    ``policy.json`` from every done run.
+
+    Args:
+        plan: from :func:`plan_sweep`.
+        out_dir: ``DIR``.
+        progress: each run's progress display on stderr.
+        reuse: share started stacks between runs (a :class:`StackPool`); False starts and
+            stops a stack per run (the comparison of ``bench/sweep_overhead.py``).
+        execute: runs one experiment (default :func:`harness.experiment.runner.run`).
+        echo: called with one line per run (the CLI prints it).
+
+    Returns:
+        :func:`summarize`'s dict plus ``"sweep": {"runs", "ran", "kept", "failed": [ids],
+        "interrupted": bool, "stack_starts", "stack_reuses", "wall_s"}``.
+
+    Raises:
+        SpecchaosError: ``out_dir`` unusable.
+    """
+    out = prepare_out_dir(out_dir)
+    (out / "runs").mkdir(exist_ok=True)
+    _write_atomic(out / "sweep.json", {"file": str(plan.path), "base": str(plan.base),
+                                       "sweep": plan.cfg.model_dump(mode="json"),
+                                       "runs": [{"id": r.id, "key": r.key, "cells": [r.cell_id(b, s) for b in r.buckets
+                                                                                    for s in r.sampling]}
+                                                for r in plan.runs]})
+    execute = execute or _default_execute(progress)
+    pool = StackPool(out / "stacks") if reuse else None
+    ran, kept, failed, interrupted = 0, 0, [], False
+    t0 = time.monotonic()
+    if pool is not None:
+        session.set_stack_provider(pool)
+    try:
+        for i, run in enumerate(plan.runs, 1):
+            run_dir = out / "runs" / run.id
+            result = run_dir / RESULT_FILE
+            if _done(result, run.key):
+                kept += 1
+                echo(f"run {i}/{len(plan.runs)} {run.id}: kept (done before)")
+                continue
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            cpu0, w0 = _cpu_s(), time.monotonic()
+            code, report = execute(plan.base, run_dir, run.overrides)
+            cpu_run, wall = _cpu_s() - cpu0, time.monotonic() - w0
+            errors = (report or {}).get("errors") or []
+            if any(str(e).startswith("interrupted by") for e in errors):
+                interrupted = True
+                echo(f"run {i}/{len(plan.runs)} {run.id}: interrupted")
+                break
+            verdict = (report or {}).get("verdict", "error")
+            try:
+                cpu1 = _cpu_s()
+                cells = analyse_run(plan, run, run_dir) if (run_dir / "records.jsonl").is_file() else []
+                cpu_analysis = _cpu_s() - cpu1
+            except SpecchaosError as exc:
+                cells, cpu_analysis = [], 0.0
+                errors = [*errors, exc.one_line()]
+            if not cells or not any(c["requests"]["spec"] and c["requests"]["plain"] for c in cells):
+                failed.append(run.id)
+                echo(f"run {i}/{len(plan.runs)} {run.id}: {verdict.upper()}, no measurement"
+                     f"{': ' + str(errors[0]) if errors else ''}")
+                continue
+            ran += 1
+            _write_atomic(result, {"complete": True, "key": run.key, "id": run.id, "verdict": verdict,
+                                   "exit_code": code, "errors": errors, "wall_s": wall, "harness_cpu_s": cpu_run,
+                                   "analysis_cpu_s": cpu_analysis, "cells": cells})
+            g = [c["speedup"].get(plan.cfg.policy.figure, {}).get("speedup") for c in cells]
+            echo(f"run {i}/{len(plan.runs)} {run.id}: {verdict.upper()} in {wall:.1f} s; "
+                 f"{plan.cfg.policy.figure} speedup " + ", ".join("—" if v is None else f"{v:.2f}" for v in g))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if pool is not None:
+            pool.close()
+            session.set_stack_provider(None)
+    summary = summarize(plan, out)
+    summary["sweep"] = {"runs": len(plan.runs), "ran": ran, "kept": kept, "failed": failed,
+                        "interrupted": interrupted, "stack_starts": pool.starts if pool else ran + len(failed),
+                        "stack_reuses": pool.reuses if pool else 0, "stacks_needed": plan.stacks,
+                        "wall_s": time.monotonic() - t0}
+    _write_atomic(out / POLICY_FILE, summary)
+    return summary
+
+
+def summarize(plan: SweepPlan, out_dir: str | Path) -> dict[str, Any]:
+    """``policy.json`` from the done runs under ``out_dir``.
+
+    Returns:
+        ``{"title", "file", "figure", "level_kind", "cells": [cell ...], "missing": [cell
+        ids not measured], "break_even": [{"speculator", "k", "bucket", "sampling",
+        "figure", **break_even}], "best_k": [{"speculator", "bucket", "sampling", "level",
+        "k", "speedup", "cells"}], "policy": derive_policy(...) | None}``; each cell as
+        :func:`analyse_run` (speedups > 1: speculation helps).
+    """
+    out = Path(out_dir)
+    cells: list[dict[str, Any]] = []
+    for run in plan.runs:
+        result = out / "runs" / run.id / RESULT_FILE
+        if _done(result, run.key):
+            cells += json.loads(result.read_text())["cells"]
+    wanted = [r.cell_id(b, s) for r in plan.runs for b in r.buckets for s in r.sampling]
+    have = {c["id"] for c in cells}
+    fig = plan.cfg.policy.figure
+    kind = plan.cfg.matrix.level_kind
+    bes, bks = [], []
+    series: dict[tuple, list[dict[str, Any]]] = {}
+    for c in cells:
+        series.setdefault((c["speculator"], c["k"], c["bucket"], c["sampling"]), []).append(c)
+    for (spec, k, bucket, samp), cs in sorted(series.items()):
+        for f in FIGURES:
+            be = break_even((c["level"], c["speedup"].get(f, {}).get("speedup")) for c in cs)
+            bes.append({"speculator": spec, "k": k, "bucket": bucket, "sampling": samp, "figure": f, **be})
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["speculator"], c["bucket"], c["sampling"], c["level"]), []).append(c)
+    for (spec, bucket, samp, level), cs in sorted(groups.items()):
+        k = best_k((c["k"], c["speedup"].get(fig, {}).get("speedup")) for c in cs)
+        win = next((c for c in cs if c["k"] == k), None)
+        bks.append({"speculator": spec, "bucket": bucket, "sampling": samp, "level": level, "k": k,
+                    "speedup": None if win is None else win["speedup"].get(fig, {}).get("speedup"),
+                    "cells": sorted(c["id"] for c in cs)})
+    policy = derive_policy(cells, fig, plan.cfg.policy.soft_margin, kind) if cells else None
+    return {"title": plan.cfg.title, "file": str(plan.path), "figure": fig, "level_kind": kind,
+            "confidence": plan.cfg.policy.confidence, "cells": cells,
+            "missing": [i for i in wanted if i not in have], "break_even": bes, "best_k": bks, "policy": policy}
