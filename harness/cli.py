@@ -344,7 +344,7 @@ def init(target: Path = typer.Argument(..., metavar="DIR", help="Directory for t
 
 
 @app.command()
-def schema(name: Optional[str] = typer.Argument(None, metavar="[experiment|config|report]",
+def schema(name: Optional[str] = typer.Argument(None, metavar="[experiment|config|report|sweep]",
                                                 help="Print this schema to stdout instead of writing them all."),
            out_dir: Path = typer.Option(Path("schemas"), "--out", help="Where to write every schema.")) -> None:
     """Write the JSON Schemas of an experiment file, of configuration.specchaos and of report.json."""

@@ -12,6 +12,8 @@ what this module generates):
   complete an experiment with it (``# yaml-language-server: $schema=...``).
 * ``config.v<N>.schema.json``: the ``configuration.specchaos`` block alone.
 * ``report.v<M>.schema.json``: ``report.json`` (:mod:`harness.report.schema`).
+* ``sweep.v<N>.schema.json``: a sweep file of ``specchaos sweep``
+  (:class:`~harness.experiment.sweep_config.SweepConfig`).
 
 ``N`` is :data:`CONFIG_SCHEMA_VERSION`, ``M`` the report's ``schema_version``. A schema
 accepts less than ``specchaos validate`` checks (models on disk, free ports, the host's
@@ -34,6 +36,7 @@ from harness.experiment import actions, probes
 from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.overrides import CONFIG_VAR
+from harness.experiment.sweep_config import SweepConfig
 from harness.experiment.validate import (ACTIVITY_KEYS, ACTIONS_MODULE, CONTROL_MODULE, EXPERIMENT_KEYS, HYPOTHESIS_KEYS,
                                         PROBES_MODULE, PROVIDER_KEYS)
 from harness.report.json_report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
@@ -45,7 +48,7 @@ __all__ = ["CONFIG_SCHEMA_VERSION", "SCHEMA_NAMES", "schema", "schema_file", "wr
 #: meaning or goes away (a new optional field keeps it).
 CONFIG_SCHEMA_VERSION = 1
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMA_NAMES = ("experiment", "config", "report")
+SCHEMA_NAMES = ("experiment", "config", "report", "sweep")
 
 
 def schema_file(name: str) -> str:
@@ -183,14 +186,19 @@ def _config_schema() -> dict[str, Any]:
             "title": "specchaos configuration (configuration.specchaos of an experiment)"}
 
 
+def _sweep_schema() -> dict[str, Any]:
+    return {"$schema": DRAFT, "$id": _id("sweep"), **SweepConfig.model_json_schema(),
+            "title": "specchaos sweep file (specchaos sweep FILE)"}
+
+
 def schema(name: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) ``name``: ``experiment``, ``config`` or ``report``.
+    """The JSON Schema (draft 2020-12) ``name``: ``experiment``, ``config``, ``report`` or ``sweep``.
 
     Raises:
         KeyError: another name.
     """
     builders = {"experiment": _experiment_schema, "config": _config_schema,
-                "report": lambda: {**report_schema(), "$id": _id("report")}}
+                "report": lambda: {**report_schema(), "$id": _id("report")}, "sweep": _sweep_schema}
     return builders[name]()
 
 

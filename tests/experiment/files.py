@@ -23,6 +23,18 @@ MODELS = ROOT / "models"
 REAL_MODELS = ROOT / "models-real"
 
 
+def is_sweep(path: Path) -> bool:
+    """A sweep file of ``specchaos sweep`` (a top-level ``matrix``), shipped beside the
+    experiments but not one (tests/experiment/test_sweep_shipped.py checks them)."""
+    doc = yaml.safe_load(path.read_text())
+    return isinstance(doc, dict) and "matrix" in doc
+
+
+def experiment_files() -> list[Path]:
+    """Every shipped experiment file (``experiments/**/*.yaml`` less the sweep files), sorted."""
+    return [p for p in sorted(EXPERIMENTS.rglob("*.yaml")) if not is_sweep(p)]
+
+
 def needs_real_models(path: Path) -> str | None:
     """Why the experiment at ``path`` cannot be loaded here: it is one of
     ``experiments/real-model/`` and the real model set is not built in ``models-real/``

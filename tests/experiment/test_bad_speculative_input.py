@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.experiment.files import EXPERIMENTS, gpu_only, needs_real_models, write
+from tests.experiment.files import EXPERIMENTS, experiment_files, gpu_only, needs_real_models, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli, doc, no_new_processes  # noqa: F401
 
 STACK = "configuration.specchaos.stack"
@@ -59,7 +59,7 @@ def test_the_new_drafts_are_found_by_name(tmp_path, models_built, draft):
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(EXPERIMENTS) for p in EXPERIMENTS.rglob("*.yaml")), ids=str)
+@pytest.mark.parametrize("path", [p.relative_to(EXPERIMENTS) for p in experiment_files()], ids=str)
 def test_every_shipped_experiment_validates(path, models_built):
     """... or, for an experiment for GPU hosts on a host without a GPU, is refused in one line."""
     res = cli("validate", str(EXPERIMENTS / path))

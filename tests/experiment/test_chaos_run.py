@@ -25,11 +25,12 @@ from harness.experiment import session as sess
 from harness.experiment.control import VERDICT_JOURNAL, apply_verdict
 from harness.experiment.rejudge import rejudge
 from tests.experiment.fast_e2e import fast_experiment
-from tests.experiment.files import EXPERIMENTS, ROOT, experiment_doc, gpu_only, needs_real_models, write
+from tests.experiment.files import (EXPERIMENTS, ROOT, experiment_doc, experiment_files, gpu_only, needs_real_models,
+                                    write)
 from tests.experiment.test_safeguards import ERRORS_FORBIDDEN
 from tests.procs import leaked_since, sut_pids
 
-FILES = sorted(EXPERIMENTS.rglob("*.yaml"))
+FILES = experiment_files()
 
 
 @pytest.fixture(autouse=True)

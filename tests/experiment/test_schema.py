@@ -19,11 +19,14 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.experiment.schema import SCHEMA_NAMES, schema_file
 from harness.report.judge import judge_run
-from tests.experiment.files import EXPERIMENTS, ROOT
+from tests.experiment.files import EXPERIMENTS, ROOT, is_sweep
 from tests.report.test_judge import META, cfg, write_run
 
 SCHEMAS = ROOT / "schemas"
-SHIPPED = sorted(EXPERIMENTS.rglob("*.yaml")) + sorted((ROOT / "tests" / "ci" / "experiments").glob("*.yaml"))
+ALL_YAML = sorted(EXPERIMENTS.rglob("*.yaml")) + sorted((ROOT / "tests" / "ci" / "experiments").glob("*.yaml"))
+#: Sweep files (``specchaos sweep``) sit beside the experiments; they validate against the sweep schema.
+SWEEPS = [p for p in ALL_YAML if is_sweep(p)]
+SHIPPED = [p for p in ALL_YAML if p not in SWEEPS]
 
 
 @functools.cache
@@ -50,11 +53,12 @@ def test_the_committed_schemas_are_what_the_code_generates(tmp_path):
     printed = CliRunner().invoke(app, ["schema", "report"])   # one schema to stdout, as plain JSON
     assert printed.exit_code == 0 and json.loads(printed.stdout) == json.loads((SCHEMAS / schema_file("report")).read_text())
     bad = CliRunner().invoke(app, ["schema", "reprot"])
-    assert bad.exit_code == 2 and "unknown schema 'reprot' (known: experiment, config, report)" in bad.output
+    assert bad.exit_code == 2 and "unknown schema 'reprot' (known: experiment, config, report, sweep)" in bad.output
 
 
 def test_versions_and_ids():
-    exp, conf, rep = (json.loads((SCHEMAS / schema_file(n)).read_text()) for n in SCHEMA_NAMES)
+    exp, conf, rep, sweep = (json.loads((SCHEMAS / schema_file(n)).read_text()) for n in SCHEMA_NAMES)
+    assert sweep["$id"] == "urn:specchaos:schema:sweep:v1"
     assert exp["$id"] == "urn:specchaos:schema:experiment:v1" and conf["$id"] == "urn:specchaos:schema:config:v1"
     assert rep["$id"] == "urn:specchaos:schema:report:v1"
     assert rep["properties"]["schema_version"]["const"] == 1
@@ -65,6 +69,13 @@ def test_every_shipped_experiment_validates(path):
     doc = yaml.safe_load(path.read_text())
     assert errors("experiment", doc) == []
     assert errors("config", doc["configuration"]["specchaos"]) == []
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_every_shipped_sweep_file_validates(path):
+    doc = yaml.safe_load(path.read_text())
+    assert errors("sweep", doc) == []
+    assert errors("sweep", {**doc, "matrix": {**doc["matrix"], "k": "four"}}) != []
 
 
 def _kill() -> dict:
