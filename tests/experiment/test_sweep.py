@@ -15,19 +15,21 @@ import yaml
 from harness.experiment.sweep import RESULT_FILE, plan_sweep, run_sweep
 from tests.experiment.fast_e2e import FAST, MODELS, ROOT, _merge
 from tests.experiment.test_bad_input import assert_one_line_error, cli
-from tests.fakes.stack import register_fake_launchers
+from tests.fakes.stack import QuickFakeStack, register_fake_launchers
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def write_base(tmp: Path) -> Path:
-    """The soak experiment (a sustained load, no fault) with the fast path's settings, short
-    phases and two sampling classes."""
+    """The soak experiment (a sustained load, no fault) with the fast path's settings on the
+    fake with 10 ms engine steps (enough requests per cell in short phases), short phases and
+    two sampling classes."""
     register_fake_launchers()
     doc = yaml.safe_load((ROOT / "experiments" / "soak.yaml").read_text())
     spec = _merge(doc["configuration"]["specchaos"], FAST)
     spec["stack"]["models_dir"] = str(MODELS)
-    spec["phases"] = {"warmup_s": 1, "baseline_s": 2.5, "after_s": 2.5}
+    spec["stack"]["launcher"] = QuickFakeStack.launcher
+    spec["phases"] = {"warmup_s": 0.5, "baseline_s": 1.5, "after_s": 1.5}
     spec["load"]["sampling"] = [{"name": "greedy"}, {"name": "sampled", "temperature": 0.7, "top_p": 0.9}]
     doc["configuration"]["specchaos"] = spec
     path = tmp / "base.yaml"
@@ -140,7 +142,7 @@ def test_the_plan_of_a_mixed_workload_splits_runs_into_cells(tmp_path, models_bu
     assert plan.runs[0].id == "exact-k4-c1-short-greedy"
     ngram = next(r for r in plan.runs if r.speculator.name == "ngram")
     assert {o.path: o.value for o in ngram.overrides}["stack.draft"] is None
-    doc["workload"] = "mixed"
+    doc["mix"] = ["buckets", "sampling"]
     sweep.write_text(yaml.safe_dump(doc))
     plan = plan_sweep(sweep)
     assert [r.id for r in plan.runs] == ["exact-k4-c1", "exact-k4-c2", "ngram-k4-c1", "ngram-k4-c2"]
@@ -149,6 +151,14 @@ def test_the_plan_of_a_mixed_workload_splits_runs_into_cells(tmp_path, models_bu
         "exact-k4-c1-short-greedy", "exact-k4-c1-short-sampled", "exact-k4-c1-long-greedy", "exact-k4-c1-long-sampled"]
     ovs = {o.path: o.value for o in plan.runs[0].overrides}
     assert ovs["load.users"] == 2 and ovs["load.mirror"] is True and ovs["load.medium_prompts"] == 0
+    # buckets mixed, sampling classes apart; a speculator with its own k values
+    doc["mix"] = ["buckets"]
+    doc["matrix"]["speculators"][0]["k"] = [2, 4]
+    sweep.write_text(yaml.safe_dump(doc))
+    plan = plan_sweep(sweep)
+    assert [r.id for r in plan.runs][:3] == ["exact-k2-c1-greedy", "exact-k2-c1-sampled", "exact-k2-c2-greedy"]
+    assert len(plan.runs) == (2 + 1) * 2 * 2 and plan.stacks == 3
+    assert plan.runs[0].buckets == ["short", "long"] and plan.runs[0].sampling == ["greedy"]
 
 
 @pytest.mark.parametrize("change, needles", [
@@ -163,6 +173,8 @@ def test_the_plan_of_a_mixed_workload_splits_runs_into_cells(tmp_path, models_bu
     ({"matrix": {"k": [4], "concurrency": [1], "speculators": [{"name": "a", "draft": "draft-missing"}]}},
      ["run a-k4-c1", "draft-missing"]),
     ({"base": "nowhere.yaml"}, ["base", "does not exist"]),
+    ({"mix": ["levels"]}, ["mix.0"]),
+    ({"matrix": {"k": [4], "concurrency": [1], "speculators": [{"name": "a", "k": [0]}]}}, ["k must be distinct values"]),
     ({"set": {"load.userz": 3}}, ["set.load.userz"]),
 ])
 def test_bad_sweep_files_are_one_line(tmp_path, models_built, change, needles):
