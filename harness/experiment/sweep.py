@@ -58,6 +58,7 @@ from harness.experiment.validate import load_experiment
 from harness.metrics.phases import records_in
 from harness.metrics.policy import FIGURES, best_k, break_even, derive_policy
 from harness.metrics.sweep import cell_figures
+from harness.stack.config import DEFAULT_DRAFT, needs_draft
 from harness.stack.pool import StackPool, stack_key
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,8 @@ def _cell_overrides(cfg: SweepConfig, base_cfg: SpecchaosConfig, spec: Speculato
                     buckets: list[str], sampling: list[str]) -> list[Override]:
     ovs = [_ov("stack.method", spec.method), _ov("stack.num_speculative_tokens", k), _ov("stack.reference", True),
            _ov("load.mirror", True)]
-    ovs.append(_ov("stack.draft", spec.draft if spec.draft is not None or spec.method in ("ngram", "mtp")
-                   else "draft-exact"))
+    ovs.append(_ov("stack.draft", spec.draft if spec.draft is not None or not needs_draft(spec.method)
+                   else DEFAULT_DRAFT))
     if cfg.matrix.level_kind == "concurrency":
         users = int(2 * level)
         ovs += [_ov("load.users", users), _ov("load.spawn_rate", users), _ov("load.profile.kind", "closed"),
@@ -175,14 +176,13 @@ def plan_sweep(path: str | Path) -> SweepPlan:
     set_ovs = _set_overrides(cfg, path)
     base_exp = load_experiment(base, overrides=set_ovs)
     bcfg = base_exp.cfg
-    specs = {s[0]: (s[3], s[4]) for s in bcfg.load.bucket_specs()}
-    buckets = cfg.matrix.buckets or list(specs)
+    specs = {s[0]: (s[3], s[4], s[5]) for s in bcfg.load.bucket_specs()}   # name: (min, max tokens, count)
+    buckets = cfg.matrix.buckets or [b for b, spec in specs.items() if spec[2]]
     for b in buckets:
         if b not in specs:
             raise ExperimentError(f"unknown bucket {b!r} (the base's load has: {', '.join(specs)})",
                                   where=f"{path}: matrix.buckets")
-        if bcfg.load.buckets is not None and next(x.count for x in bcfg.load.buckets if x.name == b) == 0 or \
-                bcfg.load.buckets is None and getattr(bcfg.load, _LEGACY_COUNT[b]) == 0:
+        if specs[b][2] == 0:
             raise ExperimentError(f"bucket {b!r} has no prompts in the base (count 0)", where=f"{path}: matrix.buckets")
     classes = [c.name for c in bcfg.load.sampling]
     sampling = cfg.matrix.sampling or classes
@@ -190,7 +190,7 @@ def plan_sweep(path: str | Path) -> SweepPlan:
         if s not in classes:
             raise ExperimentError(f"unknown sampling class {s!r} (the base's load.sampling has: {', '.join(classes)})",
                                   where=f"{path}: matrix.sampling")
-    plan = SweepPlan(path, cfg, base, {b: specs[b] for b in buckets})
+    plan = SweepPlan(path, cfg, base, {b: specs[b][:2] for b in buckets})
     base_text = base.read_text(encoding="utf-8")
     kind = cfg.matrix.level_kind
     b_groups = [buckets] if "buckets" in cfg.mix else [[b] for b in buckets]

@@ -174,6 +174,8 @@ def test_the_plan_of_a_mixed_workload_splits_runs_into_cells(tmp_path, models_bu
      ["run a-k4-c1", "draft-missing"]),
     ({"base": "nowhere.yaml"}, ["base", "does not exist"]),
     ({"mix": ["levels"]}, ["mix.0"]),
+    ({"set": {"load.long_prompts": 0}, "matrix": {"k": [4], "concurrency": [1], "speculators": [{"name": "a"}],
+                                                  "buckets": ["long"]}}, ["bucket 'long' has no prompts"]),
     ({"matrix": {"k": [4], "concurrency": [1], "speculators": [{"name": "a", "k": [0]}]}}, ["k must be distinct values"]),
     ({"set": {"load.userz": 3}}, ["set.load.userz"]),
 ])
