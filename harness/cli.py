@@ -237,8 +237,6 @@ def sweep(file: Path = typer.Argument(..., help="A sweep file: a base experiment
           no_progress: bool = typer.Option(False, "--no-progress", help="No per-run progress display on stderr."),
           plan_only: bool = typer.Option(False, "--plan", help="Validate and list the runs and cells; start nothing.")) -> None:
     """Run a sweep: every cell speculative vs plain on the same workload, the break-even map, best k and a recommended policy (exit 0 every run measured, 2 bad input or a run without measurement)."""
-    if not logging.getLogger().isEnabledFor(logging.INFO):
-        logging.getLogger("harness").setLevel(logging.WARNING)
     try:
         plan = plan_sweep(file)
     except SpecchaosError as exc:
