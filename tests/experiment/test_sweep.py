@@ -159,6 +159,14 @@ def test_the_plan_of_a_mixed_workload_splits_runs_into_cells(tmp_path, models_bu
     assert [r.id for r in plan.runs][:3] == ["exact-k2-c1-greedy", "exact-k2-c1-sampled", "exact-k2-c2-greedy"]
     assert len(plan.runs) == (2 + 1) * 2 * 2 and plan.stacks == 3
     assert plan.runs[0].buckets == ["short", "long"] and plan.runs[0].sampling == ["greedy"]
+    # an open loop: a rate per level, each arrival sent to both servers
+    del doc["matrix"]["concurrency"]
+    doc["matrix"]["rate"] = [2.5]
+    sweep.write_text(yaml.safe_dump(doc))
+    plan = plan_sweep(sweep)
+    ovs = {o.path: o.value for o in plan.runs[0].overrides}
+    assert plan.runs[0].id == "exact-k2-r2.5-greedy" and plan.runs[0].level_kind == "rate"
+    assert ovs["load.profile.kind"] == "open" and ovs["load.profile.rate"] == 2.5 and "load.users" not in ovs
 
 
 @pytest.mark.parametrize("change, needles", [
