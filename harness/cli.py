@@ -324,16 +324,17 @@ def schema(name: Optional[str] = typer.Argument(None, metavar="[experiment|confi
 
 @app.command()
 def faults() -> None:
-    """List the fault families: their typed Chaos Toolkit actions, arguments and the process roles."""
+    """List the fault families: their typed Chaos Toolkit actions, arguments, the server
+    capabilities each needs, and the process roles."""
     table = Table(title="fault families (module harness.experiment.actions)", title_justify="left")
-    for col in ("family", "action", "arguments (default)", "what it does"):
+    for col in ("family", "action", "arguments (default)", "needs", "what it does"):
         table.add_column(col, overflow="fold")
     for kind, cls in sorted(REGISTRY.items()):
         action = FAULT_ACTIONS[cls.activity]
         args = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
                          for p in inspect.signature(action).parameters.values())
         doc = (inspect.cleandoc(cls.__dict__.get("__doc__") or "") or "(no description)").splitlines()[0]
-        table.add_row(kind, cls.activity, args, doc)
+        table.add_row(kind, cls.activity, args, ", ".join(cls.needs) or "a URL", doc)
     out.print(table)
     roles = Table(title="process roles of a vLLM server (argument role)", title_justify="left")
     roles.add_column("role")
