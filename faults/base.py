@@ -96,6 +96,11 @@ class Fault(ABC):
     #: while the fault is active, e.g. a freeze or a toxic) or ``"injected"`` (the damage is
     #: done when it acts, e.g. a killed process; its "clear" only waits for the restart).
     recovery_from: ClassVar[Literal["injected", "cleared"]] = "cleared"
+    #: The server capabilities the family needs (names of
+    #: :data:`harness.stack.capabilities.CAPABILITIES`, e.g. ``("processes",)``): ``specchaos
+    #: validate`` refuses the fault, before anything starts, with a launcher whose servers
+    #: lack one. Empty: the family needs only the server's URL (e.g. a network toxic).
+    needs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: FaultParams):
         self.params = params

@@ -209,6 +209,7 @@ class CpuThrottle(Fault):
 
     kind: ClassVar[str] = "cpu-throttle"
     activity: ClassVar[str] = "throttle_cpu"
+    needs: ClassVar[tuple[str, ...]] = ("processes",)
     Params: ClassVar[type[FaultParams]] = CpuThrottleParams
 
     def __init__(self, params: CpuThrottleParams):

@@ -80,6 +80,7 @@ from faults.process_kill import server_of
 from harness import gpu
 from harness.clock import now
 from harness.errors import FaultError, SpecchaosError
+from harness.stack.capabilities import Supervised
 from harness.jsonl import read_objects
 from harness.stack.procs import ROLE_PREFIXES
 from harness.state import state_dir
@@ -223,6 +224,7 @@ class CudaError(Fault):
 
     kind: ClassVar[str] = "cuda-error"
     activity: ClassVar[str] = "inject_cuda_error"
+    needs: ClassVar[tuple[str, ...]] = ("supervision",)
     Params: ClassVar[type[FaultParams]] = CudaErrorParams
 
     def __init__(self, params: CudaErrorParams):
@@ -266,8 +268,7 @@ class CudaError(Fault):
         p = self.params
         target = self.describe_target(ctx)
         srv = server_of(ctx, p.server, target)
-        restart = getattr(srv, "restart_with_env", None)
-        if restart is None:
+        if not isinstance(srv, Supervised):
             raise FaultError(f"the {p.server} server cannot be restarted with another environment", where=target,
                              hint="use a supervised launcher (local)")
         shim = build_shim()
@@ -285,7 +286,7 @@ class CudaError(Fault):
         inc0 = int(srv.incarnation)
         restarted_at = now()
         try:
-            inc = restart(env, reason=f"fault {self.fault_id or self.kind}: the CUDA fault shim preloaded")
+            inc = srv.restart_with_env(env, reason=f"fault {self.fault_id or self.kind}: the CUDA fault shim preloaded")
         except SpecchaosError as exc:
             raise FaultError(exc.message, where=target, hint=exc.hint) from None
         self.facts = {"shim": str(shim), "arm_file": str(arm), "log": str(log_file), "env": env,

@@ -64,6 +64,7 @@ from faults.process_freeze import read_metrics
 from faults.process_kill import server_of
 from harness.clock import now
 from harness.errors import FaultError, ModelError, SpecchaosError
+from harness.stack.capabilities import Respeculating
 from harness.stack.config import DRAFTLESS_METHODS, needs_draft
 from harness.stack.models import resolve_model
 
@@ -149,6 +150,7 @@ class DraftSwap(Fault):
 
     kind: ClassVar[str] = "draft-swap"
     activity: ClassVar[str] = "swap_draft"
+    needs: ClassVar[tuple[str, ...]] = ("respeculation", "supervision", "metrics")
     Params: ClassVar[type[FaultParams]] = DraftSwapParams
 
     def __init__(self, params: DraftSwapParams):
@@ -201,8 +203,7 @@ class DraftSwap(Fault):
         p = self.params
         target = self.describe_target(ctx)
         srv = server_of(ctx, p.server, target)
-        respec = getattr(srv, "respeculate", None)
-        if respec is None:
+        if not isinstance(srv, Respeculating):
             raise FaultError(f"the {p.server} server cannot be restarted with other speculative settings",
                              where=target, hint="use a supervised launcher (local)")
         old = dict(srv.speculative)
@@ -214,7 +215,7 @@ class DraftSwap(Fault):
             if method is None:
                 raise FaultError(f"server {p.server} is not speculating: give arguments.method", where=target)
         try:
-            inc = respec(method, draft, k, reason=f"fault {self.fault_id or self.kind}")
+            inc = srv.respeculate(method, draft, k, reason=f"fault {self.fault_id or self.kind}")
         except SpecchaosError as exc:
             raise FaultError(exc.message, where=target, hint=exc.hint) from None
         self.facts = {"old": old, "incarnation_before": inc0, "incarnation": inc,

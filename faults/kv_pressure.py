@@ -52,7 +52,7 @@ from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.process_freeze import read_metrics
 from faults.process_kill import server_of
 from harness.errors import FaultError
-from harness.net import is_loopback_host
+from harness.net import is_allowed_host
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class KvPressure(Fault):
 
     kind: ClassVar[str] = "kv-pressure"
     activity: ClassVar[str] = "pressure_kv_cache"
+    needs: ClassVar[tuple[str, ...]] = ("metrics",)
     Params: ClassVar[type[FaultParams]] = KvPressureParams
 
     def __init__(self, params: KvPressureParams):
@@ -137,7 +138,7 @@ class KvPressure(Fault):
         p = self.params
         srv = server_of(ctx, p.server, self.describe_target(ctx))
         host = httpx.URL(srv.base_url).host
-        if not is_loopback_host(host):
+        if not is_allowed_host(host):
             raise FaultError(f"server {p.server} is at {srv.base_url}, not on loopback: no pressure sent",
                              where=self.describe_target(ctx))
         before = read_kv_metrics(srv.base_url)

@@ -58,6 +58,7 @@ from faults.process_freeze import TOKENS_METRIC, read_metrics
 from faults.process_kill import Recorded, same_process, server_of
 from harness.clock import now
 from harness.errors import FaultError
+from harness.stack.capabilities import ProcessRoles, Supervised
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class MemoryLimit(Fault):
 
     kind: ClassVar[str] = "memory-limit"
     activity: ClassVar[str] = "limit_memory"
+    needs: ClassVar[tuple[str, ...]] = ("processes",)
     Params: ClassVar[type[FaultParams]] = MemoryLimitParams
 
     def __init__(self, params: MemoryLimitParams):
@@ -256,11 +258,11 @@ class MemoryLimit(Fault):
         }
         if obs["tokens_before"] is not None and obs["tokens_after"] is not None:
             obs["still_generating"] = obs["tokens_after"] > obs["tokens_before"]
-        api = srv.api_process() if hasattr(srv, "api_process") else None
+        api = srv.api_process() if isinstance(srv, ProcessRoles) else None
         api_pids = set(f["pids"])
         obs["api_alive"] = api is not None and api.pid in api_pids and int(getattr(srv, "incarnation", 0)) == \
             f["incarnation"]
-        if obs["oom_kills"] > 0 and not obs["api_alive"] and hasattr(srv, "wait_for_incarnation"):
+        if obs["oom_kills"] > 0 and not obs["api_alive"] and isinstance(srv, Supervised):
             left = max(0.0, timeout_s - (time.monotonic() - start))
             ready = srv.wait_for_incarnation(f["incarnation"] + 1, left)
             if ready is not None:

@@ -343,7 +343,7 @@ class Network(Fault):
             raise FaultError(f"unknown server {p.server!r}", where=self.describe_target(ctx),
                              hint=f"known: {', '.join(sorted(ctx.load_urls))}")
         up = urlsplit(ctx.load_urls[p.server])
-        self.upstream = f"{up.hostname}:{up.port}"
+        self.upstream = f"{up.hostname}:{up.port or (443 if up.scheme == 'https' else 80)}"
         if p.backend == "toxiproxy":
             port = p.listen_port or _free_port()
             self.client = ProxyClient(str(p.toxiproxy_url))

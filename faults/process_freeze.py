@@ -167,6 +167,7 @@ class ProcessFreeze(Fault):
 
     kind: ClassVar[str] = "process-freeze"
     activity: ClassVar[str] = "freeze_process"
+    needs: ClassVar[tuple[str, ...]] = ("processes",)
     Params: ClassVar[type[FaultParams]] = ProcessFreezeParams
 
     def __init__(self, params: ProcessFreezeParams):

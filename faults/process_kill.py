@@ -44,6 +44,7 @@ from faults.base import Evidence, Fault, FaultContext, FaultParams
 from harness.clock import now
 from harness.errors import FaultError
 from harness.stack.base import Server
+from harness.stack.capabilities import Supervised
 from harness.stack.procs import CREATE_TIME_TOLERANCE_S
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ class ProcessKill(Fault):
 
     kind: ClassVar[str] = "process-kill"
     activity: ClassVar[str] = "kill_process"
+    needs: ClassVar[tuple[str, ...]] = ("processes",)   # + supervision to see a restart (expect_restart)
     recovery_from: ClassVar[Literal["injected", "cleared"]] = "injected"   # the process died at the signal
     Params: ClassVar[type[FaultParams]] = ProcessKillParams
 
@@ -332,12 +334,11 @@ class ProcessKill(Fault):
         if not p.expect_restart:
             return Evidence(True, obs, detail + "; no restart expected")
         srv = self._server(ctx)
-        wait = getattr(srv, "wait_for_incarnation", None)
-        if wait is None:
+        if not isinstance(srv, Supervised):
             raise FaultError(f"server {p.server} cannot report restarts", where=target,
                              hint="set arguments.expect_restart to false, or use a supervised launcher")
         remaining = max(0.0, timeout_s - (time.monotonic() - start))
-        ready_at = wait(f["incarnation_before"] + 1, remaining)
+        ready_at = srv.wait_for_incarnation(f["incarnation_before"] + 1, remaining)
         if ready_at is None:
             # The kill acted (the processes are gone); a server that does not come back is
             # the system under test failing to recover, judged (and failed) by the recovery

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faults.toxics import AbortPlan, CorruptPlan, SseReframer, Toxic, affected, connection_rng, latency_s, parse_toxic, slice_sizes
-from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.net import LOOPBACK_HINT, is_allowed_host, is_loopback_host
 
 log = logging.getLogger(__name__)
 
@@ -488,10 +488,12 @@ def _route(proxy: Proxy, method: str, path: str, body: bytes) -> tuple[int, Any]
     return 404, {"error": f"no route {method} {path}"}
 
 
-def _address(text: str, what: str) -> tuple[str, int]:
+def _address(text: str, what: str, allowed: bool = False) -> tuple[str, int]:
+    """``(host, port)`` of ``text``; the host must be loopback (or, with ``allowed``, in
+    the run's allow-list: :func:`harness.net.is_allowed_host`)."""
     host, _, port = text.rpartition(":")
     host = host.strip("[]")
-    if not is_loopback_host(host):
+    if not (is_allowed_host(host) if allowed else is_loopback_host(host)):
         raise ValueError(f"{what} {text!r} is not a loopback address ({LOOPBACK_HINT})")
     return host, int(port)
 
@@ -519,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s proxy %(message)s", stream=sys.stderr)
     try:
         listen = _address(args.listen, "--listen")
-        upstream = _address(args.upstream, "--upstream")
+        upstream = _address(args.upstream, "--upstream", allowed=True)   # an external server
         asyncio.run(serve(args.name, listen, upstream, args.seed))
     except ValueError as exc:
         print(json.dumps({"error": str(exc)}), flush=True)

@@ -1,8 +1,8 @@
 """The ``specchaos`` command line.
 
-    specchaos run FILE [--out DIR] [--allure-dir DIR] [--set PATH=VALUE]... [--var-file FILE]... [--repeat N]
+    specchaos run FILE [--out DIR] [--allure-dir DIR] [--set PATH=VALUE]... [--var-file FILE]... [--launcher NAME] [--repeat N]
                                          run a Chaos Toolkit experiment, strict verdict
-    specchaos validate FILE [--set PATH=VALUE]... [--var-file FILE]...
+    specchaos validate FILE [--set PATH=VALUE]... [--var-file FILE]... [--launcher NAME]
                                          check an experiment without starting anything
     specchaos init DIR [--force]         copy the shipped experiments into DIR
     specchaos report DIR                 re-judge a finished run from its saved data
@@ -110,9 +110,17 @@ SET_HELP = ("Override a field of configuration.specchaos: PATH=VALUE, PATH dotte
 VAR_FILE_HELP = "A YAML or JSON mapping of dotted paths to values, applied before $SPECCHAOS_SET_* and --set; repeatable."
 
 
-def _overrides(sets: list[str] | None, var_files: list[Path] | None) -> list[Override]:
-    """The command line's and the environment's overrides (raises ExperimentError)."""
-    return collect_overrides(sets or [], var_files or [])
+LAUNCHER_HELP = ("Launcher to use instead of the file's stack.launcher (local, external...); an override like "
+                 "--set stack.launcher=NAME, which it wins over.")
+
+
+def _overrides(sets: list[str] | None, var_files: list[Path] | None, launcher: str | None = None) -> list[Override]:
+    """The command line's and the environment's overrides, ``--launcher`` last (it wins);
+    raises ExperimentError."""
+    found = collect_overrides(sets or [], var_files or [])
+    if launcher is not None:
+        found.append(Override("stack.launcher", launcher, "--launcher"))
+    return found
 
 
 @app.command()
@@ -122,6 +130,7 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write the Allure results here (sets $SPECCHAOS_ALLURE_DIR; they always go to OUT/allure-results)."),
         sets: Optional[list[str]] = typer.Option(None, "--set", metavar="PATH=VALUE", help=SET_HELP),
         var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP),
+        launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help=LAUNCHER_HELP),
         repeat: int = typer.Option(1, "--repeat", min=1, max=100, metavar="N", help="Run N times into OUT/repeat-1..N on one shared stack (for `specchaos compare`); exit 0 only when every repeat passed.")) -> None:
     """Run an experiment and judge degradation, integrity and recovery (exit 0 pass, 1 fail, 2 error)."""
     if allure_dir is not None:
@@ -130,10 +139,11 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
         logging.getLogger("harness").setLevel(logging.INFO)
         logging.getLogger("faults").setLevel(logging.INFO)
     if repeat > 1:
-        _run_repeats(file, out_dir, repeat, not no_progress, sets, var_files)
+        _run_repeats(file, out_dir, repeat, not no_progress, sets, var_files, launcher)
         return
     try:
-        code, report = run_experiment(file, out_dir, progress=not no_progress, overrides=_overrides(sets, var_files))
+        code, report = run_experiment(file, out_dir, progress=not no_progress,
+                                      overrides=_overrides(sets, var_files, launcher))
     except SpecchaosError as exc:
         _fail(exc)
         return
@@ -150,13 +160,13 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
 
 
 def _run_repeats(file: Path, out_dir: Path, n: int, progress: bool, sets: list[str] | None,
-                 var_files: list[Path] | None) -> None:
+                 var_files: list[Path] | None, launcher: str | None = None) -> None:
     """``run --repeat N``: the experiment N times in this process, into ``OUT/repeat-<i>``,
     on stacks shared through a :class:`~harness.stack.pool.StackPool` (``OUT/stacks``; the
     first repeat starts the stack, the later ones reuse it when it is healthy and unchanged,
     as the pytest gate does). Stops after an interrupted repeat. Exit: 2 when a repeat
     ended in error (or was aborted), else 1 when one failed, else 0."""
-    overrides = _overrides(sets, var_files)
+    overrides = _overrides(sets, var_files, launcher)
     verdicts: list[str] = []
     code = 0
     pool = StackPool(out_dir / "stacks")
@@ -190,10 +200,11 @@ def _run_repeats(file: Path, out_dir: Path, n: int, progress: bool, sets: list[s
 @app.command()
 def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or JSON)."),
              sets: Optional[list[str]] = typer.Option(None, "--set", metavar="PATH=VALUE", help=SET_HELP),
-             var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP)) -> None:
+             var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP),
+             launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help=LAUNCHER_HELP)) -> None:
     """Validate an experiment (file, faults, arguments, models, ports, overrides) without starting anything."""
     try:
-        exp = load_experiment(file, overrides=_overrides(sets, var_files))
+        exp = load_experiment(file, overrides=_overrides(sets, var_files, launcher))
     except SpecchaosError as exc:
         _fail(exc)
         return
@@ -357,16 +368,17 @@ def schema(name: Optional[str] = typer.Argument(None, metavar="[experiment|confi
 
 @app.command()
 def faults() -> None:
-    """List the fault families: their typed Chaos Toolkit actions, arguments and the process roles."""
+    """List the fault families: their typed Chaos Toolkit actions, arguments, the server
+    capabilities each needs, and the process roles."""
     table = Table(title="fault families (module harness.experiment.actions)", title_justify="left")
-    for col in ("family", "action", "arguments (default)", "what it does"):
+    for col in ("family", "action", "arguments (default)", "needs", "what it does"):
         table.add_column(col, overflow="fold")
     for kind, cls in sorted(REGISTRY.items()):
         action = FAULT_ACTIONS[cls.activity]
         args = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
                          for p in inspect.signature(action).parameters.values())
         doc = (inspect.cleandoc(cls.__dict__.get("__doc__") or "") or "(no description)").splitlines()[0]
-        table.add_row(kind, cls.activity, args, doc)
+        table.add_row(kind, cls.activity, args, ", ".join(cls.needs) or "a URL", doc)
     out.print(table)
     roles = Table(title="process roles of a vLLM server (argument role)", title_justify="left")
     roles.add_column("role")

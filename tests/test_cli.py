@@ -30,7 +30,7 @@ def test_faults_lists_each_family_its_action_and_the_roles():
     assert res.returncode == 0, res.stderr
     out = " ".join(res.stdout.split())
     for needle in ("process-kill", "kill_process", "role='worker'", "duration_s=0.0", "VLLM::EngineCore",
-                   "VLLM::Worker", "api", "engine", "worker"):
+                   "VLLM::Worker", "api", "engine", "worker", "processes", "a URL"):
         assert needle in out, needle
 
 

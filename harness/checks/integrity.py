@@ -314,9 +314,31 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
     return run.memo["integrity"]
 
 
+#: The checks that compare with the reference: not judged in a run without one.
+NEEDS_REFERENCE = ("integrity.mismatched", "integrity.compared")
+
+
+def no_reference_reason(run: RecordedRun) -> str | None:
+    """Why outputs were not compared with a reference, or None when the run had one: its
+    ``stack.reference`` is false (launcher ``external`` without ``stack.reference_url``)."""
+    stack = getattr(run.limits, "stack", None)
+    if stack is None or stack.reference:
+        return None
+    if stack.launcher == "external":
+        return "no reference server: launcher external without stack.reference_url, so no output was compared"
+    return "no reference server (stack.reference: false), so no output was compared"
+
+
 def check(run: RecordedRun) -> list[CheckResult]:
-    """The integrity checks of a recorded run (see :func:`integrity_checks`)."""
-    return _judged(run)[0]
+    """The integrity checks of a recorded run (see :func:`integrity_checks`); those that need
+    the reference (:data:`NEEDS_REFERENCE`) are not judged, with the reason, in a run
+    without one (:func:`no_reference_reason`)."""
+    checks = _judged(run)[0]
+    reason = no_reference_reason(run)
+    if reason is None:
+        return checks
+    return [CheckResult.not_judged(c.name, c.category, c.observed, c.limit, reason) if c.name in NEEDS_REFERENCE
+            else c for c in checks]
 
 
 def section(run: RecordedRun) -> dict:

@@ -31,6 +31,7 @@ from harness.checks.run import recorded_run
 from harness.errors import FaultError
 from harness.experiment import session as sess
 from harness.load.records import is_spec_load, read_records
+from harness.stack.capabilities import Supervised
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
         whole breaker window (plus a scrape) without the breaker acting on it."""
         if spec is None:
             return None
-        ready = getattr(spec, "settled_at", fault_t)   # a launcher's server without it: settled
+        ready = spec.settled_at if isinstance(spec, Supervised) else fault_t   # unsupervised: settled
         if ready is None:
             return None
         if not breaker.enabled:

@@ -55,7 +55,9 @@ from harness.report.prometheus import publish_prometheus
 from harness.report.json_report import write_report
 from harness.report.judge import judge_run
 from harness.report.timeline_plot import PLOT_FILE
+from harness.net import allow_hosts
 from harness.stack.breaker import SpeculationBreaker
+from harness.stack.capabilities import TokenCounting
 from harness.stack.launchers import make_stack
 from harness.stack.pool import StackProvider
 from harness.stack.preflight import resolve_models
@@ -171,7 +173,7 @@ class Session:
             SpecchaosError: models missing, port in use, a server or locust failed to start.
         """
         cfg = self.cfg
-        target_dir = resolve_models(cfg.stack).target
+        allow_hosts(cfg.stack.allow_hosts)   # traffic to an external server's host, when the user allowed it
         if self._provider is None:   # the default: this run's own stack
             self.stack = make_stack(cfg.stack, self.out_dir, timeline=self.timeline)
             self.fault_ctx.stack = self.stack
@@ -192,7 +194,11 @@ class Session:
                                 hint="open the session from a validated experiment (Experiment.requests)")
             self.prompts = source_prompts(self.info.requests, lc)
         else:
-            self.prompts = build_bucketed_prompt_set(target_dir, lc.bucket_specs(), seed=lc.seed, max_tokens=lc.max_tokens,
+            # measured by the server's own tokenizer when the stack has it (an external server), else the target's
+            counter = self.stack.count_tokens if isinstance(self.stack, TokenCounting) else None
+            tokenizer_dir = "" if counter is not None else resolve_models(cfg.stack).target
+            self.prompts = build_bucketed_prompt_set(tokenizer_dir, lc.bucket_specs(), seed=lc.seed,
+                                                     max_tokens=lc.max_tokens, count_tokens=counter,
                                                      max_tokens_by_bucket=lc.bucket_max_tokens())
         save_prompt_set(self.prompts_path, self.prompts)
         self.info.meta["load"] = load_section(lc, self.prompts)   # run.json and report.json: profile, retry, digest
@@ -359,6 +365,7 @@ class Session:
                     self.errors.append(f"cleanup: {what}: {text}")
             self.run_state.close()
             set_current(None)
+            allow_hosts(())
 
     def _let_go_stack(self) -> None:
         """Stop the stack, or hand it back to its provider (clean: no open fault in the

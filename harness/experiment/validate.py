@@ -12,9 +12,11 @@ declared; ``configuration.specchaos``, with the overrides applied
 ``configuration.specchaos_set``), validates (each layer's block, plus the cross-block
 rules); an experiment with ``gpu.require`` runs on a host with an NVIDIA GPU; the host can
 do what each fault asks
-(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU); the
-method injects a fault; and the stack's pre-flight
-(:func:`harness.stack.preflight.check_stack`: models, configured ports) passes.
+(:meth:`faults.base.Fault.check_host`: e.g. a writable cgroup, an NVIDIA GPU), after the
+launcher's servers were found to offer what each fault needs (:func:`check_capabilities`);
+the method injects a fault; and the launcher's pre-flight (``preflight`` of its stack class:
+for local processes :func:`harness.stack.preflight.check_stack`, models and configured
+ports) passes.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from harness.experiment.overrides import (CONFIG_VAR, Override, apply_overrides,
 from harness.metrics.phases import PHASES
 from harness.load.source_prep import prepare_source
 from harness.load.sources import RequestSpec
-from harness.stack.preflight import check_stack, resolve_models
+from harness.stack.capabilities import missing, refusal
+from harness.stack.launchers import launcher_class, launcher_names
+from harness.stack.preflight import resolve_models
 
 __all__ = ["CONTROL_MODULE", "ACTIONS_MODULE", "Experiment", "parse_file", "fault_activities", "load_experiment",
            "check_experiment", "run_meta"]
@@ -241,6 +245,43 @@ def _check_host(doc: dict[str, Any], loc: str, fault: Fault, where: str, cfg: Sp
         raise ExperimentError(exc.message, where=f"{at}.{exc.where}" if exc.where else at, hint=exc.hint) from None
 
 
+def _offering(needs: list[str]) -> list[str]:
+    """The registered launchers whose servers offer every capability of ``needs`` (those
+    that cannot be loaded here are left out)."""
+    out = []
+    for name in launcher_names():
+        try:
+            cls = launcher_class(name)
+        except SpecchaosError:
+            continue
+        if not missing(needs, cls.server_class):
+            out.append(name)
+    return out
+
+
+def check_capabilities(cfg: SpecchaosConfig, faults: Sequence[tuple[str, str, Fault]], path: str) -> None:
+    """Refuse, before anything starts, a fault whose family needs a server capability
+    (:attr:`faults.base.Fault.needs`) that the chosen launcher's servers lack
+    (:mod:`harness.stack.capabilities`), and the speculation circuit breaker on a launcher
+    without respeculation.
+
+    Raises:
+        ExperimentError: one line naming the fault (location and family), the launcher and
+            what is missing, e.g. ``x.yaml: method[0].provider: process-kill needs process ids (capability
+            `processes`); launcher `external` attaches to URLs only: use launcher local``.
+    """
+    name = cfg.stack.launcher
+    launcher = launcher_class(name)
+    asked = [(kind, list(type(fault).needs), f"{path}: {loc}.provider") for loc, kind, fault in faults]
+    if cfg.stack.breaker.enabled:
+        asked.append(("the speculation circuit breaker", ["respeculation"],
+                      f"{path}: configuration.specchaos.stack.breaker.enabled"))
+    for subject, needs, where in asked:
+        lacking = missing(needs, launcher.server_class)
+        if lacking:
+            raise ExperimentError(refusal(subject, lacking, name, launcher.summary, _offering(lacking)), where=where)
+
+
 def load_experiment(path: str | Path, overrides: Sequence[Override] = ()) -> Experiment:
     """Parse and validate an experiment without starting anything (see module doc), with
     ``overrides`` (:mod:`harness.experiment.overrides`) applied to its
@@ -332,6 +373,7 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
                 and args.get("phase") is not None and args["phase"] not in PHASES:
             raise ExperimentError(f"unknown phase {args['phase']!r}", where=f"{path}: {loc}.provider.arguments.phase",
                                   hint=f"known: {', '.join(PHASES)}")
+    check_capabilities(cfg, faults, str(path))   # what the launcher's servers must offer (process ids...)
     for loc, _kind, fault in faults:   # what the host must provide (a writable cgroup, a GPU...)
         _check_host(doc, loc, fault, where=str(path), cfg=cfg)
     if not any(loc.startswith("method[") for loc, _, _ in faults) and not cfg.soak.enabled:
@@ -339,7 +381,7 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process), or judge a "
                                    "sustained load with soak.enabled: true")
-    check_stack(cfg.stack, where=f"{path}: configuration.specchaos.stack")
+    launcher_class(cfg.stack.launcher).preflight(cfg.stack, where=f"{path}: configuration.specchaos.stack")
     requests = None
     if cfg.load.source is not None:   # read, measured and bucketed now: a bad source starts nothing
         requests = prepare_source(cfg.load, Path.cwd(), max_model_len=cfg.stack.max_model_len,

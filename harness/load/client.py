@@ -47,7 +47,7 @@ from httpx_sse import EventSource, SSEError
 
 from harness import clock
 from harness.errors import LoadError
-from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.net import LOOPBACK_HINT, is_allowed_host
 from harness.load.config import FOLLOW_UP, GREEDY, RequestClass, SamplingClass, asked_max_tokens
 from harness.load.endpoints import ENDPOINTS, passed_through
 from harness.load.prompts import Prompt
@@ -157,7 +157,7 @@ def check_loopback_url(base_url: str, where: str = "base_url") -> httpx.URL:
         raise LoadError(f"not a URL: {base_url!r}", where=where) from None
     if url.scheme not in ("http", "https") or not url.host:
         raise LoadError(f"not an http(s) URL: {base_url!r}", where=where)
-    if not is_loopback_host(url.host):
+    if not is_allowed_host(url.host):
         raise LoadError(f"refusing non-loopback host {url.host!r}", where=where,
                         hint=LOOPBACK_HINT)
     return url

@@ -53,7 +53,8 @@ import psutil
 from harness.clock import now
 from harness.errors import SpecchaosError
 from harness.metrics.prometheus import parse_page
-from harness.net import LOOPBACK_HINT, LoopbackGet, is_loopback_host
+from harness.net import LOOPBACK_HINT, LoopbackGet, is_allowed_host
+from harness.stack.capabilities import ProcessRoles
 from harness.timeline import Timeline
 
 __all__ = ["METRICS_FILE", "DEFAULT_INTERVAL_S", "DEFAULT_TIMEOUT_S", "ScrapedServer", "MetricsScraper",
@@ -72,12 +73,10 @@ Line = dict[str, Any]
 
 
 class ScrapedServer(Protocol):
-    """What the scraper needs of a server (the stack's servers have it)."""
+    """What the scraper needs of a server: its URL. A server with process ids
+    (:class:`harness.stack.capabilities.ProcessRoles`) also gets its tree's RSS recorded."""
 
     base_url: str
-
-    def api_process(self) -> psutil.Process | None:
-        """The current API server process, or None when down."""
 
 
 def tree_memory(api: psutil.Process | None,
@@ -167,8 +166,8 @@ def scrape_line(client: httpx.Client | LoopbackGet, name: str, server: ScrapedSe
     ``client``: an ``httpx.Client``, or the scraping thread's :class:`harness.net.LoopbackGet`
     for ``server.base_url`` (cheaper: module doc of that class).
     ``tree``: the thread's :class:`TreeCache` for this server (None: walk the tree now)."""
-    try:
-        api = server.api_process()
+    try:   # process ids only where the launcher has them (an external server: no RSS)
+        api = server.api_process() if isinstance(server, ProcessRoles) else None
     except Exception:   # noqa: BLE001 - a server object mid-restart
         api = None
     pid = api.pid if api is not None else None
@@ -201,16 +200,17 @@ class MetricsScraper:
 
     Args:
         path: the ``metrics.jsonl`` file (appended to).
-        servers: ``{"spec": server, "ref": server}``; each needs ``base_url`` and
-            ``api_process()`` (:class:`ScrapedServer`), read again on every scrape so a
-            restarted server is followed.
+        servers: ``{"spec": server, "ref": server}``; each needs ``base_url``
+            (:class:`ScrapedServer`); one with process ids has ``api_process()`` read again
+            on every scrape, so a restarted server is followed.
         interval_s: seconds between the starts of two scrapes of one server (> 0).
         timeout_s: seconds one scrape may take (> 0); a slower one is a gap.
         timeline: where the ``metrics_scraper`` start event goes (source ``metrics``:
             ``servers``, ``interval_s``, ``path``); None: nowhere.
 
     Raises:
-        SpecchaosError: a server's URL is not on loopback.
+        SpecchaosError: a server's URL is not on loopback (nor on a host the run allows:
+            :func:`harness.net.is_allowed_host`).
         ValueError: ``interval_s`` or ``timeout_s`` not > 0.
     """
 
@@ -220,7 +220,7 @@ class MetricsScraper:
             raise ValueError("interval_s and timeout_s must be > 0")
         for name, server in servers.items():
             host = urlsplit(server.base_url).hostname or ""
-            if not is_loopback_host(host):
+            if not is_allowed_host(host):
                 raise SpecchaosError(f"server {name!r} is at {server.base_url}: not loopback", where="metrics scraper",
                                      hint=LOOPBACK_HINT)
         self.path = Path(path)

@@ -1,4 +1,4 @@
-"""What every launcher provides (local processes now; docker and external later).
+"""What every launcher provides (local processes, external servers; docker later).
 
 A *server* is one vLLM OpenAI-compatible server; a *stack* is the speculative server
 (``"spec"``) plus, optionally, the non-speculative reference (``"ref"``) on the same
@@ -50,12 +50,24 @@ class Server(Protocol):
 
 
 class Stack(Protocol):
-    """The servers of one run, started and stopped together."""
+    """The servers of one run, started and stopped together. What a server offers beyond
+    :class:`Server` is declared by ``server_class`` (:mod:`harness.stack.capabilities`)."""
 
-    launcher: str                 # "local"
+    launcher: str                 # "local", "external"
+    summary: str                  # what the launcher does, e.g. "attaches to URLs only" (for refusals)
+    server_class: type            # the class of its servers: its capabilities are read from it
     vllm_version: str
     speculative: dict[str, Any]   # {"method", "draft", "num_speculative_tokens"}
     servers: dict[str, Server]    # "spec" and, if configured, "ref"
+
+    @classmethod
+    def preflight(cls, cfg: Any, where: str) -> None:
+        """Validate-time checks of a ``stack`` block for this launcher (``specchaos validate``
+        and ``run`` before anything starts); starts and contacts nothing.
+
+        Raises:
+            SpecchaosError: one line; ``where`` prefixes the field concerned.
+        """
 
     def start(self) -> None:
         """Start every server and return when each is ready (a real generation succeeded).

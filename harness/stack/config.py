@@ -12,6 +12,7 @@ used by validation here (each problem at its field) and by
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -22,8 +23,11 @@ from harness.stack.launchers import launcher_class, launcher_names
 from harness.stack.vllm import (DRAFTLESS_METHODS, HARNESS_FLAGS, METHODS, NGRAM_PROMPT_LOOKUP, needs_draft,
                                 speculative_problems)
 
-__all__ = ["METHODS", "DRAFTLESS_METHODS", "NGRAM_PROMPT_LOOKUP", "DEFAULT_DRAFT", "needs_draft", "RestartPolicy",
+__all__ = ["EXTERNAL", "METHODS", "DRAFTLESS_METHODS", "NGRAM_PROMPT_LOOKUP", "DEFAULT_DRAFT", "needs_draft", "RestartPolicy",
            "StackConfig"]
+
+#: The launcher that attaches to servers the harness did not start (:mod:`harness.stack.external`).
+EXTERNAL = "external"
 
 #: The draft of a method that needs one when ``stack.draft`` is not given.
 DEFAULT_DRAFT = "draft-exact"
@@ -62,6 +66,15 @@ class StackConfig(_Strict):
     prompt_lookup_min: int | None = Field(None, ge=1)
     prompt_lookup_max: int | None = Field(None, ge=1, validate_default=True)   # checked against min when not given
     reference: bool = True
+    #: Hosts besides loopback that ``spec_url``/``reference_url`` may name (launcher
+    #: ``external``): written by the user, never inferred. Load and fault traffic then goes there.
+    allow_hosts: list[str] = Field(default_factory=list)
+    #: Launcher ``external`` only: the speculative server to attach to (``http(s)://host:port``,
+    #: no path), one the harness does not start. Loopback unless its host is in ``allow_hosts``.
+    spec_url: str | None = None
+    #: Launcher ``external`` only: the non-speculative reference on the same target (optional;
+    #: without it integrity is not judged). Not given: ``reference`` is false.
+    reference_url: str | None = None
     host: str = "127.0.0.1"
     spec_port: int = Field(0, ge=0, le=65535)
     ref_port: int = Field(0, ge=0, le=65535)
@@ -145,8 +158,42 @@ class StackConfig(_Strict):
                                  f"settings) and may not be overridden in extra_args")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _external_reference(cls, data: Any) -> Any:
+        """Launcher ``external``: ``reference`` follows ``reference_url`` when not given."""
+        if isinstance(data, dict) and data.get("launcher") == EXTERNAL and "reference" not in data:
+            data = dict(data, reference=bool(data.get("reference_url")))
+        return data
+
+    @field_validator("spec_url", "reference_url")
+    @classmethod
+    def _url(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+            raise ValueError(f"{v!r} is not a server root URL: give http(s)://host:port (no path)")
+        allowed = {h.strip().strip("[]").lower() for h in info.data.get("allow_hosts") or []}
+        if not is_loopback_host(parts.hostname) and parts.hostname.lower() not in allowed:
+            raise ValueError(f"host {parts.hostname!r} is not loopback and not in stack.allow_hosts: add it to "
+                             f"stack.allow_hosts to send load and faults there")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return f"{parts.scheme}://{host}:{port}"
+
     @model_validator(mode="after")
     def _rules(self) -> "StackConfig":
+        if self.launcher == EXTERNAL:
+            if not self.spec_url:
+                raise ValueError("launcher external attaches to a running server: set stack.spec_url "
+                                 "(e.g. --set stack.spec_url=http://127.0.0.1:8000)")
+            if self.reference and not self.reference_url:
+                raise ValueError("reference: true with launcher external needs stack.reference_url (the "
+                                 "non-speculative server), or set reference: false (integrity is then not judged)")
+        elif self.spec_url or self.reference_url:
+            raise ValueError(f"spec_url/reference_url are for launcher external; launcher {self.launcher!r} starts "
+                             f"its own servers: remove them, or use --launcher external")
         if self.reference and self.spec_port and self.spec_port == self.ref_port:
             raise ValueError(f"spec_port and ref_port are both {self.spec_port}: use two ports (or 0 for a free one)")
         return self

@@ -27,6 +27,7 @@ ENV_VAR = "SPECCHAOS_LAUNCHERS"
 #: ``stack.launcher`` name → Stack class (or its ``"module:attribute"`` path).
 LAUNCHERS: dict[str, Any] = {
     "local": "harness.stack.local:LocalStack",
+    "external": "harness.stack.external:ExternalStack",
 }
 
 

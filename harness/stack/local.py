@@ -374,6 +374,14 @@ class LocalServer:
             return (self._state == "ready" and self.incarnation in self._ready_at
                     and self._popen is not None and self._popen.poll() is None)
 
+    def log_file(self) -> Path:
+        """Where every incarnation's stdout and stderr go (capability ``logs``)."""
+        return self.log_path
+
+    def metrics_url(self) -> str:
+        """vLLM's Prometheus endpoint (capability ``metrics``)."""
+        return f"{self.base_url}/metrics"
+
     def api_process(self) -> psutil.Process | None:
         """The current API server process, or None when down."""
         api = self._api
@@ -928,6 +936,8 @@ class LocalStack:
     """
 
     launcher = "local"
+    #: What the launcher does, in refusals (:func:`harness.stack.capabilities.refusal`).
+    summary = "starts vLLM as local processes"
     #: The server class; a launcher that runs something else under the same supervision
     #: (a fake vLLM in tests) only overrides this.
     server_class: type[LocalServer] = LocalServer
@@ -953,6 +963,16 @@ class LocalStack:
             self._configured.update(prompt_lookup_min=window["prompt_lookup_min"],
                                     prompt_lookup_max=window["prompt_lookup_max"])
         self._lock = threading.RLock()
+
+    @classmethod
+    def preflight(cls, cfg: StackConfig, where: str) -> None:
+        """Validate-time checks (:func:`harness.stack.preflight.check_stack`: models,
+        context, configured ports); starts nothing.
+
+        Raises:
+            ModelError, StackError: as :func:`~harness.stack.preflight.check_stack`.
+        """
+        check_stack(cfg, where=where)
 
     @property
     def speculative(self) -> dict[str, Any]:

@@ -53,6 +53,7 @@ import httpx
 
 from harness.clock import now
 from harness.net import is_loopback_host
+from harness.stack.capabilities import Logs, ProcessRoles, Readiness, Respeculating, Supervised
 from harness.state import RunState
 from harness.stack.launchers import make_stack
 from harness.timeline import Timeline
@@ -182,7 +183,7 @@ class StackPool:
                 log.info("stopping the stack %s: %s", p.stack_dir.name, why)
                 self._stop(p)
                 return
-            if not all(hasattr(server, "respeculate") for _, server in _off_configured(p.stack)):
+            if not all(isinstance(server, Respeculating) for _, server in _off_configured(p.stack)):
                 log.info("stopping the stack %s: a server left on other speculative settings cannot restart "
                          "on its configured ones", p.stack_dir.name)
                 self._stop(p)
@@ -213,7 +214,7 @@ class StackPool:
         out: set[int] = set()
         for stack in stacks:
             for server in stack.servers.values():
-                roles = server.roles() if hasattr(server, "roles") else {}
+                roles = server.roles() if isinstance(server, ProcessRoles) else {}
                 out.update(proc.pid for members in roles.values() for proc in members)
         return out
 
@@ -269,7 +270,7 @@ def _restore(stack: Any) -> str | None:
     fresh stack); :func:`_settle` then waits for it. None, or why it could not be asked (the
     stack is then not kept)."""
     for name, server in _off_configured(stack):
-        if not hasattr(server, "respeculate"):
+        if not isinstance(server, Respeculating):
             continue
         configured = server.configured_speculative
         log.info("server %s runs %s: restoring %s for the next run", name, server.speculative, configured)
@@ -300,12 +301,12 @@ def _settle(stack: Any) -> str | None:
     (seconds). None when all settled; else why not (the stack is then not kept). Servers
     without ``settled_at`` are taken as they are."""
     for name, server in stack.servers.items():
-        if not hasattr(server, "settled_at") or server.settled_at is not None:
+        if not isinstance(server, Supervised) or server.settled_at is not None:
             continue
         log.info("waiting for server %s to settle (a restart under way) before keeping the stack", name)
         deadline = time.monotonic() + float(getattr(server, "startup_timeout_s", 300.0))
         while server.settled_at is None:
-            state = getattr(server, "state", "")
+            state = server.state
             if state in ("failed", "gave_up", "stopped"):
                 return f"server {name} is {state}"
             if time.monotonic() > deadline:
@@ -328,9 +329,8 @@ def _unfit_state(stack: Any, speculative: bool = True) -> str | None:
         if getattr(server, "incarnation_env", None):
             return (f"server {name} runs with a fault's environment ({', '.join(sorted(server.incarnation_env))}, "
                     f"incarnation {server.incarnation})")
-        is_up = getattr(server, "is_up", None)
-        if is_up is not None and not is_up():
-            return f"server {name} is {getattr(server, 'state', 'down')}"
+        if isinstance(server, Readiness) and not server.is_up():
+            return f"server {name} is {server.state if isinstance(server, Supervised) else 'down'}"
     return None
 
 
@@ -378,7 +378,7 @@ def _log_offsets(stack: Any) -> dict[str, tuple[Path, int]]:
     """Server name → (its log file, current size in bytes) for servers that log to a file."""
     out = {}
     for name, server in stack.servers.items():
-        path = getattr(server, "log_path", None)
+        path = server.log_file() if isinstance(server, Logs) else None
         if path is not None:
             path = Path(path)
             out[name] = (path, path.stat().st_size if path.exists() else 0)
@@ -402,7 +402,7 @@ def _sync_state(p: _Pooled) -> None:
     """Rewrite the pooled stack's run state with its live processes (for ``specchaos cleanup``)."""
     procs: list[dict[str, Any]] = []
     for name, server in p.stack.servers.items():
-        roles = server.roles() if hasattr(server, "roles") else {}
+        roles = server.roles() if isinstance(server, ProcessRoles) else {}
         for role, members in roles.items():
             for proc in members:
                 with contextlib.suppress(Exception):

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import httpx
 
 from harness.errors import StackError
-from harness.net import LOOPBACK_HINT, is_loopback_host
+from harness.net import LOOPBACK_HINT, is_allowed_host
 from harness.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def check_loopback(base_url: str) -> None:
         url = httpx.URL(base_url)
     except Exception:
         raise StackError(f"not a URL: {base_url!r}", where="warm-up") from None
-    if url.scheme not in ("http", "https") or not url.host or not is_loopback_host(url.host):
+    if url.scheme not in ("http", "https") or not url.host or not is_allowed_host(url.host):
         raise StackError(f"refusing to warm up {base_url!r}: not a loopback http(s) server",
                          where="warm-up", hint=LOOPBACK_HINT)
 

@@ -43,6 +43,22 @@ class StubServer:
     def roles(self) -> dict:
         return {"api": [], "engine": [], "worker": []}
 
+    # the rest of the capabilities the pool asks for (harness.stack.capabilities)
+    def api_process(self):
+        return None
+
+    def log_file(self) -> Path:
+        return self.log_path
+
+    def wait_ready(self, timeout_s=None) -> float:
+        return 1.0
+
+    def wait_for_incarnation(self, n, timeout_s=None):
+        return 1.0 if self.incarnation >= n else None
+
+    def restart_with_env(self, env, *, reason=""):
+        raise NotImplementedError
+
 
 class StubStack:
     """Implements the Stack protocol's surface the pool uses; counts starts and stops."""

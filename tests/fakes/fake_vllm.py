@@ -41,7 +41,7 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (Prometheus tex
 ``vllm:spec_decode_*`` counters consistent with what was streamed, running/waiting
 gauges, preemptions and KV-cache usage (emulated with ``--num-gpu-blocks-override``: a step
 needing more 128-token blocks than that counts a preemption), token and request counters,
-labelled ``model_name``),
+labelled ``model_name``), ``POST /tokenize`` (``count``: BOS plus one token per word),
 ``POST /v1/completions`` (streaming or not; ``stream_options.include_usage``,
 ``return_token_ids``, ``max_tokens``, ``temperature``, ``seed``, ``ignore_eos``), HTTP/1.1
 with chunked streams like uvicorn; ``POST /v1/chat/completions`` (streaming only; the
@@ -859,6 +859,14 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/fake/release":
             st.release.set()
             self._json(200, {})
+            return
+        if url.path == "/tokenize":   # vLLM's: the prompt's token count (the external launcher measures prompts so)
+            try:
+                ids = prompt_token_ids(json.loads(raw or b"{}").get("prompt", ""))
+            except (ValueError, AttributeError) as exc:
+                self._error(400, f"invalid JSON body: {exc}", "BadRequestError")
+                return
+            self._json(200, {"count": len(ids), "max_model_len": st.args.max_model_len, "tokens": ids})
             return
         if url.path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(404, "Not Found", "NotFoundError")

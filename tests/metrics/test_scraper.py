@@ -103,7 +103,8 @@ def test_non_200_unparsable_and_slow_answers_are_gaps(tmp_path, mode, error):
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
     try:
-        server = SimpleNamespace(base_url=f"http://127.0.0.1:{srv.server_port}", api_process=lambda: psutil.Process())
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{srv.server_port}", api_process=lambda: psutil.Process(),
+                                 roles=lambda: {})   # process ids (capability processes): RSS recorded
         s = MetricsScraper(tmp_path / METRICS_FILE, {"spec": server}, interval_s=0.1, timeout_s=0.3)
         s.start()
         time.sleep(0.5)
