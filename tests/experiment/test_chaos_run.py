@@ -26,7 +26,7 @@ from harness.experiment.control import VERDICT_JOURNAL, apply_verdict
 from harness.experiment.rejudge import rejudge
 from tests.experiment.fast_e2e import fast_experiment
 from tests.experiment.files import (EXPERIMENTS, ROOT, experiment_doc, experiment_files, gpu_only, needs_real_models,
-                                    write)
+                                    skip_without_real_models, write)
 from tests.experiment.test_safeguards import ERRORS_FORBIDDEN
 from tests.procs import leaked_since, sut_pids
 
@@ -70,8 +70,7 @@ def test_the_control_accepts_every_experiment_file(tmp_path, monkeypatch, path):
     """What ``chaos run`` does before anything starts, on each file as Chaos Toolkit
     loads it: the control validates it (as ``specchaos validate``) and opens a session
     whose run directory holds what ``specchaos report`` needs. Nothing is started."""
-    if (why := needs_real_models(path)) is not None:
-        pytest.skip(why)
+    skip_without_real_models(needs_real_models(path))
     monkeypatch.chdir(ROOT)   # the files name models_dir relative to the working directory
     monkeypatch.setenv("SPECCHAOS_OUT", str(tmp_path / "out"))
     doc = load_experiment(str(path))

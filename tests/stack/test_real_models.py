@@ -1,7 +1,7 @@
 """The real model set (``specchaos models build --set real``): refusal in one line when the
 package or its extra is missing (cheap, always run); the built set's checksums, chat
 template, tokenizer and layer-skip drafts (on ``models-real/`` when built, ``make
-models-real``; skipped otherwise); a build from scratch, compared byte for byte (nightly:
+models-real``; skipped otherwise, failed under ``SPECCHAOS_REQUIRE_REAL_MODELS=1``); a build from scratch, compared byte for byte (nightly:
 minutes); the ngram simulation against hand-computed steps."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.errors import ModelError
 from harness.stack import real_models as R
+from tests.experiment.files import skip_without_real_models
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The set ``make models-real`` builds (not in make test: minutes, ~1.2 GB).
+#: The set ``make models-real`` builds (minutes, ~1.2 GB; ``.ci/run`` builds it before make test).
 REPO_REAL = ROOT / "models-real"
 
 
@@ -30,15 +31,23 @@ def _installed() -> bool:
     return True
 
 
-needs_package = pytest.mark.skipif(not _installed(), reason=f"{R.PACKAGE} {R.PACKAGE_VERSION} or the `real` extra "
-                                   f"(gguf, accelerate) is not installed: make models-real installs them")
+@pytest.fixture
+def needs_package() -> None:
+    """The tests that read the package's GGUF skip without it (fail under
+    ``SPECCHAOS_REQUIRE_REAL_MODELS=1``, as ``.ci/run`` sets)."""
+    if not _installed():
+        skip_without_real_models(f"{R.PACKAGE} {R.PACKAGE_VERSION} or the `real` extra (gguf, accelerate) is not "
+                                 f"installed: make models-real installs them")
 
 
 @pytest.fixture(scope="module")
 def built() -> Path:
-    """``models-real/`` when its manifest verifies; the tests that read it skip otherwise."""
-    if R.verify_real_models(REPO_REAL):
-        pytest.skip("the real model set is not built in models-real/ (make models-real: minutes, ~1.2 GB)")
+    """``models-real/`` when its manifest verifies; the tests that read it skip otherwise
+    (fail under ``SPECCHAOS_REQUIRE_REAL_MODELS=1``)."""
+    problems = R.verify_real_models(REPO_REAL)
+    if problems:
+        skip_without_real_models(f"the real model set is not built in models-real/ (make models-real: minutes, "
+                                 f"~1.2 GB): {problems[0]}")
     return REPO_REAL
 
 
@@ -194,14 +203,14 @@ def test_ngram_acceptance_is_recorded_per_content_type(built: Path):
 
 
 @pytest.mark.nightly   # dequantizes, simulates and writes ~1.2 GB: about 4 minutes on 2 cores
-@needs_package
+@pytest.mark.usefixtures("needs_package")
 def test_a_build_from_the_installed_package_is_deterministic(built: Path, tmp_path: Path):
     manifest = R.build_real_models(tmp_path / "real")
     assert R.verify_real_models(tmp_path / "real") == []
     assert manifest == json.loads((built / "manifest.json").read_text())
 
 
-@needs_package
+@pytest.mark.usefixtures("needs_package")
 def test_the_saved_tokenizer_encodes_as_the_packages_gguf_tokenizer(built: Path):
     from transformers import AutoTokenizer
 
