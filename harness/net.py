@@ -8,7 +8,12 @@ import http.client
 import ipaddress
 from urllib.parse import urlsplit
 
-__all__ = ["is_loopback_host", "LOOPBACK_HINT", "LoopbackGet"]
+__all__ = ["is_loopback_host", "LOOPBACK_HINT", "LoopbackGet", "UPSTREAM_HEADER"]
+
+#: The response header by which the harness's load router (:mod:`harness.stack.router`) names
+#: the upstream that served a request; the load client records it
+#: (:attr:`harness.load.records.RequestRecord.served_by`).
+UPSTREAM_HEADER = "x-specchaos-upstream"
 
 LOOPBACK_HINT = "specchaos sends load and faults to 127.0.0.0/8, ::1 or localhost only"
 
