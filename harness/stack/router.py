@@ -21,7 +21,9 @@ chunks as they come), with the header ``x-specchaos-upstream: NAME``
 finishes, or fails, on the upstream it started on. An upstream that refuses the connection
 is answered ``502`` with ``{"error": {"message", "type": "upstream_unreachable"}}`` (what a
 production load balancer answers); an upstream that cuts its stream gets the client's
-connection cut too (the client records ``stream_cut``, as it would without the router).
+connection cut too (the client records ``stream_cut``, as it would without the router), and a
+client that disconnects has the upstream connection closed at once (vLLM aborts the request,
+as it would without the router).
 Upstreams must serve the same model name (a standby deployment of the same target does).
 
 Control, under the reserved path ``/_specchaos/router`` on the same address:
@@ -134,6 +136,9 @@ def _app(router: _Router) -> Any:
             try:
                 async for chunk in up.content.iter_any():
                     await resp.write(chunk)
+            except asyncio.CancelledError:   # the client went away: the upstream connection closes with it
+                counts["failed"] += 1
+                raise
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 counts["failed"] += 1
                 if request.transport is not None:
@@ -164,7 +169,9 @@ async def _serve(router: _Router, host: str, port: int) -> None:
     # deferred: aiohttp is imported in the router's own process only
     from aiohttp import web
 
-    runner = web.AppRunner(_app(router), access_log=None, handle_signals=False)
+    # handler_cancellation: a client that disconnects cancels its relay, which closes the
+    # upstream connection at once, so the server sees the disconnect as it would without us
+    runner = web.AppRunner(_app(router), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=256)
     await site.start()
