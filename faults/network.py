@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import selectors
 import signal
 import socket
 import statistics
@@ -71,7 +70,7 @@ from faults.toxics import TOXIC_TYPES, LatencyAttrs, attributes_error, max_chunk
 from harness import state as run_state
 from harness.errors import FaultError
 from harness.net import LOOPBACK_HINT, is_loopback_host
-from harness.proc import die_with_parent
+from harness.proc import end_process, start_announced
 from harness.ports import port_in_use
 
 log = logging.getLogger(__name__)
@@ -253,16 +252,9 @@ class ProxyProcess:
         """
         cmd = [sys.executable, "-m", "faults.proxy", "--name", name, "--listen", f"127.0.0.1:{listen_port}",
                "--upstream", upstream, "--seed", str(seed)]
-        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                 preexec_fn=die_with_parent(), cwd=str(Path(__file__).resolve().parents[1]),
-                                 start_new_session=True)   # a terminal's Ctrl-C is the harness's to handle
-        line = _read_line(popen, timeout_s)
-        try:
-            ready = json.loads(line) if line else {}
-        except ValueError:
-            ready = {}
+        popen, ready = start_announced(cmd, Path(__file__).resolve().parents[1], timeout_s)
         if "listen" not in ready:
-            _end(popen)
+            end_process(popen)
             why = ready.get("error") or f"no ready line within {timeout_s:g} s"
             raise FaultError(f"the fault proxy did not start: {why}", where=f"network proxy for {name}",
                              hint="listen_port: pick a free port or 0")
@@ -274,7 +266,7 @@ class ProxyProcess:
 
     def stop(self) -> None:
         """End the process (SIGTERM, then SIGKILL) and forget it in the run state. Idempotent."""
-        _end(self.popen)
+        end_process(self.popen)
         run_state.unregister_process(self.pid)
 
 
@@ -283,29 +275,6 @@ def _create_time(pid: int) -> float:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return 0.0
-
-
-def _read_line(popen: subprocess.Popen, timeout_s: float) -> str:
-    sel = selectors.DefaultSelector()
-    sel.register(popen.stdout, selectors.EVENT_READ)
-    try:
-        if not sel.select(timeout_s):
-            return ""
-        return popen.stdout.readline().decode("utf-8", "replace").strip()
-    finally:
-        sel.close()
-
-
-def _end(popen: subprocess.Popen) -> None:
-    if popen.poll() is None:
-        popen.terminate()
-        try:
-            popen.wait(3)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(3)
-    if popen.stdout is not None:
-        popen.stdout.close()
 
 
 # -------------------------------------------------------------------- the family

@@ -18,7 +18,12 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 __all__ = ["is_loopback_host", "is_allowed_host", "allow_hosts", "allowed_hosts", "ALLOW_HOSTS_ENV", "LOOPBACK_HINT",
-           "LoopbackGet"]
+           "LoopbackGet", "UPSTREAM_HEADER"]
+
+#: The response header by which the harness's load router (:mod:`harness.stack.router`) names
+#: the upstream that served a request; the load client records it
+#: (:attr:`harness.load.records.RequestRecord.served_by`).
+UPSTREAM_HEADER = "x-specchaos-upstream"
 
 LOOPBACK_HINT = ("specchaos sends load and faults to 127.0.0.0/8, ::1 or localhost only, and to a host listed in "
                  "stack.allow_hosts")

@@ -1,18 +1,25 @@
-"""Child processes that die with the harness (Linux ``prctl(PR_SET_PDEATHSIG)``).
+"""Child processes that die with the harness (Linux ``prctl(PR_SET_PDEATHSIG)``), and the
+start of a helper process that announces itself with one JSON line (the fault proxy, the
+load router).
 
-Shared by every room that starts a process (the stack's servers, the locust load), so
-the rule is written once.
+Shared by every room that starts a process (the stack's servers, the locust load, the
+proxies), so the rule is written once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
+import selectors
 import signal
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["die_with_parent"]
+__all__ = ["die_with_parent", "start_announced", "end_process"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = None
@@ -42,3 +49,43 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
             os._exit(1)
 
     return _preexec
+
+
+def start_announced(cmd: Sequence[str], cwd: str | Path, timeout_s: float) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start ``cmd`` (its own session, dying with the harness, stderr discarded) and read the
+    one JSON line it prints on stdout once it is ready (e.g. ``{"listen": "127.0.0.1:41234",
+    ...}`` or ``{"error": "..."}``).
+
+    Returns:
+        ``(popen, line)``: ``line`` is ``{}`` when nothing parsable came within ``timeout_s``
+        seconds; the caller decides whether the process is usable and ends it
+        (:func:`end_process`) when not.
+    """
+    popen = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                             preexec_fn=die_with_parent(), cwd=str(cwd),
+                             start_new_session=True)   # a terminal's Ctrl-C is the harness's to handle
+    sel = selectors.DefaultSelector()
+    sel.register(popen.stdout, selectors.EVENT_READ)
+    try:
+        text = popen.stdout.readline().decode("utf-8", "replace").strip() if sel.select(timeout_s) else ""
+    finally:
+        sel.close()
+    try:
+        line = json.loads(text) if text else {}
+    except ValueError:
+        line = {}
+    return popen, line if isinstance(line, dict) else {}
+
+
+def end_process(popen: subprocess.Popen, wait_s: float = 3.0) -> None:
+    """End a process of :func:`start_announced`: SIGTERM, ``wait_s`` seconds, then SIGKILL;
+    closes its stdout. Idempotent."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(wait_s)
+    if popen.stdout is not None:
+        popen.stdout.close()

@@ -18,7 +18,13 @@ Sources and events (the contract every room writes to and the judge reads):
              of the variables added, ``reason``): a planned restart with a fault's environment.
 ``breaker``: ``breaker_tripped`` / ``breaker_reenabled`` (``server``, ``level``, ``breach_t``,
              ``rejection_rate``, ``limit``, ``window_s``, ``draft_tokens``, ``old``, ``new``,
-             ``incarnation``), see :mod:`harness.stack.breaker`.
+             ``incarnation``: None for a route; ``mechanism``: restart|route; a route adds
+             ``routed_to``, ``switched_at``), see :mod:`harness.stack.breaker`.
+``router``:  the load router of the breaker's route fallback (:mod:`harness.stack.router`):
+             ``router_started`` (``server``, ``url``, ``upstreams``: {name: url}, ``active``, ``pid``),
+             ``routed`` / ``routed_back`` (``server``, ``to``, ``url``, ``switched_at``: the router's
+             epoch s, ``decided_t``, ``reason``), ``router_stopped`` (``pid``, ``requests``:
+             {name: {forwarded, finished, failed}}).
 ``fault``:   ``fault_injected`` (``fault_id``, ``kind``, ``target``, ...),
              ``fault_evidence`` (``fault_id``, ``acted``: bool, ``evidence``: dict),
              ``fault_cleared`` (``fault_id``).

@@ -12,22 +12,26 @@ rejection rate first crossed ``stack.breaker.hard_rejection`` — the same windo
   (and says how many windows were judged); fails when no window could be judged at all
   (no metrics recorded: nothing to hold the breaker to).
 * ``breaker.fallback_s``: from the breach (the recorded one; the breaker's own
-  ``breach_t`` if the recording has none) to plain decoding serving again — the end of
+  ``breach_t`` if the recording has none) to plain decoding serving again, at most
+  ``fallback.max_s`` (default 30 s). With ``stack.breaker.fallback: restart``: the end of
   the first complete response sent after the trip and finished after the restarted
-  server without speculation was ready (``server_ready`` of the trip's incarnation) — at
-  most ``fallback.max_s`` (default 30 s). Judged when a breach or a hard trip happened;
-  None (fail) when plain decoding never served. With ``fallback.startup: excluded`` the
-  plain server's start-up (its ``server_ready`` ``startup_s``) is left out of the figure
-  and judged apart:
+  server without speculation was ready (``server_ready`` of the trip's incarnation). With
+  ``route``: the end of the first complete response the load router's warm plain server
+  served (the record's ``served_by`` is the trip's ``routed_to``) that finished after the
+  router's switch (the trip's ``switched_at``); there is no start-up to count or leave
+  out. Judged when a breach or a hard trip happened; None (fail) when plain decoding never
+  served. With ``fallback.startup: excluded`` (restart) the plain server's start-up (its
+  ``server_ready`` ``startup_s``) is left out of the figure and judged apart:
 * ``breaker.fallback_startup_ratio`` (``startup: excluded`` only): the plain server's
   start-up ÷ the median of the same server's earlier start-ups in this run (the draft
   swap's restart, a supervised restart, the stack's start when the run started it), at
   most ``fallback.max_startup_ratio``; not judged (None) without an earlier start-up or
-  when the plain server never became ready (``breaker.fallback_s`` fails then).
+  when the plain server never became ready (``breaker.fallback_s`` fails then), nor for a
+  route fallback.
 
 Integrity across the swap and the fallback is the integrity check's (every complete
-response against the reference, whichever incarnation served it); the after phase within
-SLO is the slo check's.
+response against the reference, whichever incarnation or server served it; its coverage
+counts the speculative server's); the after phase within SLO is the slo check's.
 """
 
 from __future__ import annotations
@@ -71,10 +75,14 @@ def findings(run: RecordedRun, lines: list[dict[str, Any]] | None = None) -> dic
     Returns:
         ``{"server", "window_s", "hard_rejection", "soft_rejection", "windows_judged",
         "first_breach": {"t", "rejection_rate", "draft_tokens"}|None, "trips": [breaker events],
-        "hard_trip": the first hard trip after the breach|None, "plain_ready_at": epoch s|None,
+        "hard_trip": the first hard trip after the breach|None, "plain_ready_at": epoch s|None (restart:
+        the plain server ready; route: the router's switch),
         "first_plain_success_at": epoch s|None, "breach_t": epoch s|None, "fallback_s": s|None,
         "plain_startup_s": s|None (the plain server's start-up), "earlier_startups_s": [s]
-        (the same server's start-ups recorded before it in this run)}``.
+        (the same server's start-ups recorded before it in this run), "mechanism": "restart"|"route"
+        (the trip's; the configured one without a trip), "routed_to": the plain upstream of a route
+        trip|None, "routes": [``router`` events: router_started, routed, routed_back, router_stopped],
+        "complete_by_server": {server that served it: complete responses}}``.
     """
     cfg = _cfg(run)
     if cfg is None or not cfg.enabled:
@@ -94,7 +102,16 @@ def findings(run: RecordedRun, lines: list[dict[str, Any]] | None = None) -> dic
     readies = [e for e in run.events if e.get("event") == "server_ready" and e.get("server") == cfg.server]
     earlier = [float(e["startup_s"]) for e in readies if e.get("startup_s") is not None
                and (trip is None or e["t"] < trip["t"])]
-    if trip is not None:
+    mechanism = (trip.get("mechanism") or "restart") if trip is not None else cfg.fallback
+    routed_to = trip.get("routed_to") if trip is not None else None
+    if trip is not None and mechanism == "route":
+        # the plain server was warm: it serves from the router's switch on
+        ready_at = trip.get("switched_at") or trip["t"]
+        ends = [r.send_time + r.e2e_s for r in run.records
+                if r.served_by == routed_to and r.e2e_s is not None and r.send_time + r.e2e_s >= ready_at
+                and is_complete(r)[0]]
+        success_at = min(ends) if ends else None
+    elif trip is not None:
         plain = next((e for e in readies if e.get("incarnation") == trip.get("incarnation")), None)
         ready_at = plain["t"] if plain is not None else None
         plain_startup = plain.get("startup_s") if plain is not None else None
@@ -103,12 +120,18 @@ def findings(run: RecordedRun, lines: list[dict[str, Any]] | None = None) -> dic
                     if r.send_time >= trip["t"] and r.e2e_s is not None and r.send_time + r.e2e_s >= ready_at
                     and is_complete(r)[0]]
             success_at = min(ends) if ends else None
+    served: dict[str, int] = {}
+    for r in run.records:
+        if is_complete(r)[0]:
+            served[r.served] = served.get(r.served, 0) + 1
     out = {"server": cfg.server, "window_s": cfg.window_s, "hard_rejection": cfg.hard_rejection,
            "soft_rejection": cfg.soft_rejection, "windows_judged": len(series), "first_breach": breach,
            "trips": trips, "hard_trip": trip, "plain_ready_at": ready_at, "first_plain_success_at": success_at,
            "breach_t": breach_t,
            "fallback_s": round(success_at - breach_t, 3) if success_at is not None and breach_t is not None else None,
-           "plain_startup_s": plain_startup, "earlier_startups_s": earlier}
+           "plain_startup_s": plain_startup, "earlier_startups_s": earlier, "mechanism": mechanism,
+           "routed_to": routed_to, "routes": [e for e in run.events if e.get("source") == "router"],
+           "complete_by_server": served}
     run.memo["breaker"] = out
     return out
 
@@ -150,8 +173,11 @@ def check(run: RecordedRun) -> list[CheckResult]:
         if fb is None:
             why = ("the breaker never tripped" if trip is None else
                    "the server without speculation never became ready" if f["plain_ready_at"] is None else
-                   "no complete response came from it")
+                   f"no complete response came from {f['routed_to'] or 'it'}")
             detail = f"no plain decoding served after the breach: {why}"
+        elif f["mechanism"] == "route":
+            detail = (f"breach → new requests routed to the warm plain server {f['routed_to']} "
+                      f"{f['plain_ready_at'] - f['breach_t']:.1f} s → its first complete response {fb:.1f} s")
         else:
             detail = (f"breach → plain server ready {f['plain_ready_at'] - f['breach_t']:.1f} s → first complete "
                       f"response {fb:.1f} s")
@@ -168,6 +194,9 @@ def _startup_ratio(f: dict[str, Any], limit: float) -> CheckResult:
     """``breaker.fallback_startup_ratio`` from :func:`findings` (see module doc)."""
     plain, earlier = f["plain_startup_s"], f["earlier_startups_s"]
     name = "breaker.fallback_startup_ratio"
+    if f["mechanism"] == "route":
+        return CheckResult(name, "breaker", None, None, limit,
+                           "not judged: the route fallback starts nothing (the plain server was already warm)")
     if plain is None:
         return CheckResult(name, "breaker", None, None, limit, "not judged: the plain server never became ready")
     if not earlier:

@@ -28,6 +28,13 @@ against the reference server's to the same request (the same stop cut, logprobs 
 tolerance): ``integrity.classes.NAME`` in the section, a check
 ``integrity.classes.NAME.INVARIANT`` each.
 
+With the speculation breaker's route fallback (``stack.breaker.fallback: route``) the load
+router sends new requests to a warm plain server after a trip: its responses are compared
+too (equal to the reference by construction when it is the reference server), the section
+says who served what (``compared_by_server``, from the records' ``served_by``), and
+``integrity.compared`` counts only the speculative server's, so the fallback's responses
+never stand in for them.
+
 A response presented as finished but incomplete while the harness itself was stopping its
 server for a planned restart (:func:`planned_stop_windows`: a draft swap, the speculation
 breaker's fallback) is counted ``cut_by_planned_stop``, with examples, and not as
@@ -52,6 +59,7 @@ from harness.checks.diff import divergence_index
 from harness.errors import SpecchaosError
 from harness.load.prompts import load_decoder
 from harness.load.records import RequestRecord, is_complete, presented_finished
+from harness.stack.breaker import route_upstream
 from harness.stack.models import resolve_model
 
 __all__ = [
@@ -158,6 +166,7 @@ def integrity_checks(
     greedy: Iterable[str] | None = None, tie_margin: float = 0.0,
     planned_stops: Sequence[tuple[str, float, float]] = (),
     comparable: Iterable[str] | None = None,
+    fallback: Iterable[str] = (),
 ) -> tuple[list[CheckResult], dict]:
     """Judge sequence integrity of load records against the non-speculative reference.
 
@@ -179,11 +188,17 @@ def integrity_checks(
         comparable: names of the request classes the plain reference predicts
             (:meth:`harness.load.config.LoadConfig.comparable_classes`); a complete record
             of another class is counted ``not_comparable``. Default: every class.
+        fallback: names of the plain servers a load router may have sent requests to (the
+            speculation breaker's ``route_to``, :attr:`RequestRecord.served_by`): their
+            responses are compared all the same, but ``integrity.compared`` (coverage) counts
+            only the others, the speculative server's. Default: none.
 
     Returns:
         ``(checks, summary)``: checks ``integrity.mismatched == 0``,
         ``integrity.malformed == 0``, ``integrity.false_success == 0``,
-        ``integrity.compared ≥ min_compared``; summary ``{"compared", "mismatched",
+        ``integrity.compared ≥ min_compared`` (responses of a ``fallback`` server not
+        counted); summary ``{"compared", "compared_by_server": {server that served them
+        (:attr:`RequestRecord.served`): count}, "mismatched",
         "near_ties", "malformed", "cut_by_planned_stop", "false_success", "not_comparable",
         "first_divergence", "examples"}`` where
         ``first_divergence`` is the first mismatch in words (or None) and ``examples``
@@ -201,6 +216,7 @@ def integrity_checks(
     greedy_names = {"greedy"} if greedy is None else set(greedy)
     comparable_names = None if comparable is None else set(comparable)
     compared = mismatched = malformed = false_success = not_comparable = near_ties = cut = 0
+    by_server: dict[str, int] = {}   # compared, by the server that served them (RequestRecord.served)
     first: str | None = None
     examples: dict[str, list[dict]] = {"mismatched": [], "near_ties": [], "malformed": [], "false_success": [],
                                        "cut_by_planned_stop": []}
@@ -231,6 +247,7 @@ def integrity_checks(
         if ref is None:
             continue
         compared += 1
+        by_server[r.served] = by_server.get(r.served, 0) + 1
         got, expected = _aligned(r, ref)
         diff = first_divergence(got, expected)
         if diff is not None and (tie := near_tie(got, expected, tie_margin)) is not None:
@@ -254,6 +271,14 @@ def integrity_checks(
                        f"(first: {examples['cut_by_planned_stop'][0]['request_id']})")
         return CheckResult(f"integrity.{name}", "integrity", n == 0, n, 0, detail)
 
+    # coverage counts the speculative responses: one a router's plain fallback served equals
+    # the reference by construction and must not make up for them
+    plain = sum(n for name, n in by_server.items() if name in fallback)
+    judged = compared - plain
+    covered = f"{compared} complete responses compared with the reference"
+    if plain:
+        covered = (f"{judged} served by the speculative server compared with the reference, and "
+                   f"{plain} served by the plain fallback ({', '.join(sorted(set(by_server) & set(fallback)))})")
     checks = [
         zero("mismatched", mismatched, "complete responses differ from the reference"),
         zero("malformed", malformed, "responses presented as finished are internally inconsistent"),
@@ -261,14 +286,15 @@ def integrity_checks(
         CheckResult(
             "integrity.compared",
             "coverage",
-            compared >= min_compared and compared > 0,
-            compared,
+            judged >= min_compared and judged > 0,
+            judged,
             min_compared,
-            f"{compared} complete responses compared with the reference (need ≥ {max(min_compared, 1)})",
+            f"{covered} (need ≥ {max(min_compared, 1)})",
         ),
     ]
     summary = {
         "compared": compared,
+        "compared_by_server": by_server,
         "mismatched": mismatched,
         "near_ties": near_ties,
         "malformed": malformed,
@@ -295,6 +321,15 @@ def _decoder(run: RecordedRun) -> request_classes.Decode | None:
         return None
 
 
+def _fallback_servers(run: RecordedRun) -> tuple[str, ...]:
+    """The load router's plain upstream of a run whose breaker falls back by routing (none otherwise)."""
+    stack = getattr(run.limits, "stack", None)
+    b = getattr(stack, "breaker", None)
+    if b is None or not b.enabled or b.fallback != "route":
+        return ()
+    return (route_upstream(b),)
+
+
 def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
     if "integrity" not in run.memo:
         load = getattr(run.limits, "load", None)   # the sampling classes, when the limits carry them
@@ -304,7 +339,8 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
         checks, summary = integrity_checks(run.records, run.reference, cfg.min_compared, greedy=greedy,
                                            tie_margin=cfg.tie_logprob_margin,
                                            planned_stops=planned_stop_windows(run.events),
-                                           comparable=load.comparable_classes() if classes else None)
+                                           comparable=load.comparable_classes() if classes else None,
+                                           fallback=_fallback_servers(run))
         if classes:   # configured request classes: each judged by its invariants (module doc)
             decode = _decoder(run) if cfg.text_from_ids else None
             summary["classes"] = request_classes.classes_section(run.records, classes, ref_records=run.ref_records,

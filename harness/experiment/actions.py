@@ -188,7 +188,9 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
             return None
         if not breaker.enabled:
             return fault_t
-        return max(fault_t, ready + breaker.window_s + s.cfg.scrape.interval_s)
+        # nor is the time before the breaker's last action (a route fallback restarts nothing)
+        acted = max((a["breach_t"] for a in s.breaker.trips), default=fault_t) if s.breaker is not None else fault_t
+        return max(fault_t, acted, ready + breaker.window_s + s.cfg.scrape.interval_s)
 
     start = time.monotonic()
     end_t: float | None = None

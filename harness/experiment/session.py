@@ -6,12 +6,14 @@ The session owns the run directory and orders its resources:
 
     start():  stack (both servers, built by the launcher factory, or with a stack provider set
               a started one from it: see :func:`set_stack_provider`) → the declared faults
-              prepare the load path → prompt set → reference outputs → health sampler
+              prepare the load path → the load router (``stack.breaker.fallback: route``) → prompt set
+              → reference outputs → health sampler
               → GPU telemetry sampler → metrics scraper (every server's /metrics) → the speculation
               circuit breaker, subscribed to the scraper (when ``stack.breaker.enabled``) → locust load
               (to ``load_urls["spec"]``, and in mirror mode to ``load_urls["ref"]`` too) → warm-up
               → ``baseline`` phase
-    close():  stop load → stop the dense recovery probes → stop the breaker → clear every fault → release the load path → stop health
+    close():  stop load → stop the dense recovery probes → stop the breaker → clear every fault → release the load path
+              → stop the load router → stop health
               sampler → stop GPU telemetry → stop metrics scraper → stop stack (or give it back to the provider) → forget the run state (idempotent; also run on
               errors and signals)
 
@@ -33,7 +35,7 @@ from typing import Any
 from faults.base import Fault
 from faults.inject import FaultInjector, InjectionContext
 from faults.ledger import Ledger
-from harness.errors import LoadError, SpecchaosError
+from harness.errors import LoadError, SpecchaosError, StackError
 from harness.experiment import recovery_probes
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
@@ -56,11 +58,12 @@ from harness.report.json_report import write_report
 from harness.report.judge import judge_run
 from harness.report.timeline_plot import PLOT_FILE
 from harness.net import allow_hosts
-from harness.stack.breaker import SpeculationBreaker
+from harness.stack.breaker import SpeculationBreaker, route_upstream
 from harness.stack.capabilities import TokenCounting
 from harness.stack.launchers import make_stack
 from harness.stack.pool import StackProvider
 from harness.stack.preflight import resolve_models
+from harness.stack.router import RouterProcess
 from harness.stack.vllm import installed_vllm_version
 from harness.state import RunState, set_current
 from harness.timeline import Timeline
@@ -138,6 +141,7 @@ class Session:
         self.gpu: GpuSampler | None = None
         self.scraper: MetricsScraper | None = None
         self.breaker: SpeculationBreaker | None = None
+        self.router: RouterProcess | None = None   # the load router (stack.breaker.fallback: route)
         self.cpu_meter: CpuMeter | None = None   # the harness's own CPU while the load runs
         self.prompts: list = []
         self.report: dict[str, Any] | None = None
@@ -186,6 +190,7 @@ class Session:
         for name, server in self.stack.servers.items():
             self.fault_ctx.load_urls.setdefault(name, server.base_url)
         self.injector.prepare(self.info.faults)   # e.g. a proxy on the load path
+        self.start_router()   # the breaker's route fallback: the load router in front of it all
 
         lc = cfg.load
         if lc.source is not None:   # the source's requests, prepared at validation
@@ -220,7 +225,7 @@ class Session:
                                       cfg.scrape.timeout_s, timeline=self.timeline)
         if cfg.stack.breaker.enabled:   # the breaker judges the scraper's lines as they are written
             self.breaker = SpeculationBreaker(cfg.stack.breaker, self.stack.servers[cfg.stack.breaker.server],
-                                              self.timeline)
+                                              self.timeline, router=self.router)
             self.scraper.subscribe(self.breaker.observe)
         self.scraper.start()
 
@@ -329,6 +334,41 @@ class Session:
                 self.load = None
                 self.timeline.emit("runner", "load_stopped")
 
+    def start_router(self) -> None:
+        """With ``stack.breaker.fallback: route``: start the load router (:mod:`harness.stack.router`)
+        with the guarded server's load URL (a fault proxy's, if one is on the path) and the warm
+        plain server (``route_to``), and send the load through it (``load_urls[server]``);
+        records a ``router`` ``router_started`` event. Nothing otherwise.
+
+        Raises:
+            StackError: the router did not start, or ``route_to: ref`` without a reference server.
+        """
+        bc = self.cfg.stack.breaker
+        if not (bc.enabled and bc.fallback == "route"):
+            return
+        urls = self.fault_ctx.load_urls
+        plain = bc.route_to if "://" in bc.route_to else urls.get(bc.route_to)
+        if plain is None:
+            raise StackError(f"route_to {bc.route_to!r}: the stack has no such server", where="stack.breaker.route_to",
+                             hint="turn stack.reference on, or give the URL of a running plain server")
+        upstreams = {bc.server: urls[bc.server], route_upstream(bc): plain}
+        self.router = RouterProcess.start(upstreams, active=bc.server)
+        urls[bc.server] = self.router.url
+        self.timeline.emit("router", "router_started", server=bc.server, url=self.router.url, upstreams=upstreams,
+                           active=bc.server, pid=self.router.pid)
+
+    def stop_router(self) -> None:
+        """End the load router (idempotent); records ``router_stopped`` with its request counts."""
+        if self.router is None:
+            return
+        try:
+            counts = self.router.state().get("requests")
+        except SpecchaosError:
+            counts = None
+        self.router.stop()
+        self.timeline.emit("router", "router_stopped", pid=self.router.pid, requests=counts)
+        self.router = None
+
     def stop_breaker(self) -> None:
         """The circuit breaker acts no more (idempotent); the scraper that feeds it stops later."""
         if self.breaker is not None:
@@ -346,6 +386,7 @@ class Session:
                 ("stop the breaker", self.stop_breaker),
                 ("clear faults", self.injector.clear_all),
                 ("release the load path", self.injector.release_all),
+                ("stop the load router", self.stop_router),
                 ("stop health sampler", self.health.stop if self.health else None),
                 ("stop GPU telemetry", self.gpu.stop if self.gpu else None),
                 ("stop metrics scraper", self.scraper.stop if self.scraper else None),

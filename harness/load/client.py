@@ -47,7 +47,7 @@ from httpx_sse import EventSource, SSEError
 
 from harness import clock
 from harness.errors import LoadError
-from harness.net import LOOPBACK_HINT, is_allowed_host
+from harness.net import LOOPBACK_HINT, UPSTREAM_HEADER, is_allowed_host
 from harness.load.config import FOLLOW_UP, GREEDY, RequestClass, SamplingClass, asked_max_tokens
 from harness.load.endpoints import ENDPOINTS, passed_through
 from harness.load.prompts import Prompt
@@ -397,6 +397,7 @@ def stream_completion(
                 stream = response.extensions.get("network_stream")
                 guard.arm(stream)
                 rec.status = response.status_code
+                rec.served_by = response.headers.get(UPSTREAM_HEADER)
                 if response.status_code != 200:
                     try:
                         response.read()

@@ -93,6 +93,11 @@ class RequestRecord:
             turn ``n`` carries the ``n - 1`` earlier ones); 1 for every other request.
         origin: a traffic source's request (``load.source``; ``request_class`` ``"source"``):
             ``"FILE:LINE"`` of the line it came from; None for generated prompts.
+        served_by: the upstream that served the request when the load went through the
+            harness's load router (its ``x-specchaos-upstream`` response header,
+            :mod:`harness.stack.router`): ``server`` itself (e.g. ``"spec"``), or the warm
+            plain server the speculation breaker routed new requests to (e.g. ``"ref"``);
+            None when the request went straight to ``server`` (no router: it served it).
     """
 
     request_id: str
@@ -130,11 +135,17 @@ class RequestRecord:
     tool_calls: list[dict] | None = None
     turn: int = 1
     origin: str | None = None
+    served_by: str | None = None
 
     @property
     def logical(self) -> str:
         """The id of the logical (user-visible) request this try belongs to."""
         return self.logical_id or self.request_id
+
+    @property
+    def served(self) -> str:
+        """The server that answered: ``served_by`` when the load router named one, else ``server``."""
+        return self.served_by or self.server
 
     @property
     def end_time(self) -> float | None:

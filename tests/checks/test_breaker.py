@@ -15,9 +15,9 @@ from harness.stack.breaker import ACCEPTED, DRAFT_TOKENS
 from tests.factories import ev, make_record
 
 
-def cfg(**fallback) -> SpecchaosConfig:
+def cfg(mechanism: str = "restart", **fallback) -> SpecchaosConfig:
     return SpecchaosConfig.model_validate({
-        "stack": {"breaker": {"enabled": True, "window_s": 2.0, "min_draft_tokens": 10}},
+        "stack": {"breaker": {"enabled": True, "window_s": 2.0, "min_draft_tokens": 10, "fallback": mechanism}},
         "fallback": fallback})
 
 
@@ -152,3 +152,45 @@ def test_failed_scrapes_are_gaps_not_zeros(tmp_path):
     checks, sec = judged(tmp_path, [trip(), ready(1025.0)], [make_record(send_time=1020.0)], lines=LINES + gaps)
     checks, sec = judged(tmp_path, [trip(), ready(1025.0)], [make_record(send_time=1025.0)], lines=LINES + gaps)
     assert sec["first_breach"]["t"] == 1002.0 and checks["breaker.fallback_s"].passed
+
+
+# ---------------------------------------------------------------- fallback: route
+
+
+def routed(t: float = 1002.5, switched_at: float = 1002.6) -> list[dict]:
+    """A route trip at ``t`` (the router switched at ``switched_at``) and its router event."""
+    tr = trip(t, inc=None)
+    tr.update(mechanism="route", routed_to="ref", switched_at=switched_at)
+    return [tr, ev(switched_at, "routed", source="router", server="spec", to="ref", switched_at=switched_at)]
+
+
+def test_a_route_fallback_counts_from_the_breach_to_the_plain_servers_first_response(tmp_path):
+    recs = [make_record(send_time=1002.4, served_by="spec"),       # in flight on the bad draft: not plain
+            make_record(send_time=1002.7, served_by="ref"), make_record(send_time=1003.0, served_by="ref")]
+    checks, sec = judged(tmp_path, routed(), recs, config=cfg("route", startup="excluded"))
+    fb = checks["breaker.fallback_s"]
+    # breach 1002 -> switch 1002.6 -> the first response ref served ends at 1002.7 + 0.251
+    assert fb.passed and fb.observed == pytest.approx(0.951, abs=1e-3)
+    assert "routed to the warm plain server ref 0.6 s" in fb.detail and "left out" not in fb.detail
+    assert checks["breaker.fallback_startup_ratio"].passed is None
+    assert "starts nothing" in checks["breaker.fallback_startup_ratio"].detail
+    assert sec["mechanism"] == "route" and sec["routed_to"] == "ref" and sec["plain_ready_at"] == 1002.6
+    assert sec["complete_by_server"] == {"spec": 1, "ref": 2} and [e["event"] for e in sec["routes"]] == ["routed"]
+
+
+def test_a_route_fallback_slower_than_max_s_fails(tmp_path):
+    recs = [make_record(send_time=1040.0, served_by="ref")]
+    checks, _ = judged(tmp_path, routed(1039.0, 1039.5), recs, config=cfg("route", max_s=30))
+    fb = checks["breaker.fallback_s"]
+    assert not fb.passed and fb.observed == pytest.approx(38.251, abs=1e-3)
+
+
+def test_a_route_that_never_happens_fails(tmp_path):
+    """The breaker said it routed, but every later response still came from the speculative
+    server (a router that never switched): no plain response, the fallback fails."""
+    recs = [make_record(send_time=1003.0 + i, served_by="spec") for i in range(5)]
+    checks, sec = judged(tmp_path, routed(), recs, config=cfg("route"))
+    fb = checks["breaker.fallback_s"]
+    assert fb.passed is False and fb.observed is None and "no complete response came from ref" in fb.detail
+    checks, _ = judged(tmp_path, [], recs, config=cfg("route"))   # and no trip at all
+    assert not checks["breaker.tripped"].passed and checks["breaker.fallback_s"].passed is False

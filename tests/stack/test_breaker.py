@@ -14,8 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from harness.metrics.prometheus import sample_total
-from harness.stack.breaker import (ACCEPTED, DRAFT_TOKENS, BreakerConfig, RejectionWindow, SpeculationBreaker,
-                                   first_breach, rejection_series)
+from harness.errors import SpecchaosError, StackError
+from harness.stack.breaker import (ACCEPTED, DRAFT_TOKENS, STANDBY, BreakerConfig, RejectionWindow,
+                                   SpeculationBreaker, first_breach, rejection_series, route_upstream)
 from harness.stack.vllm import speculative_config
 from harness.timeline import Timeline
 
@@ -169,6 +170,116 @@ def test_config_rules():
         BreakerConfig(colour="red")
     assert BreakerConfig().enabled is False
     assert BreakerConfig(soft_rejection=None, hard_rejection=0.5).soft_rejection is None
+
+
+class StubRouter:
+    """Stands in for the load router's control (:class:`harness.stack.router.RouterProcess`;
+    the real router is tested in test_router.py): records where new requests were sent."""
+
+    url = "http://127.0.0.1:1"
+
+    def __init__(self, plain: str = "ref", fail: bool = False) -> None:
+        self.upstreams = {"spec": "http://127.0.0.1:2", plain: "http://127.0.0.1:3"}
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def route(self, name: str) -> dict:
+        if self.fail:
+            raise StackError("the load router did not answer")
+        self.calls.append(name)
+        return {"active": name, "switched_at": 1000.0 + len(self.calls)}
+
+
+def routing(**kw) -> tuple[SpeculationBreaker, StubServer, StubRouter, Timeline]:
+    tl, srv, router = Timeline(), StubServer(), StubRouter()
+    cfg = BreakerConfig(enabled=True, window_s=1.0, min_draft_tokens=1, fallback="route", **kw)
+    return SpeculationBreaker(cfg, srv, tl, router=router), srv, router, tl
+
+
+def test_route_hard_trip_sends_new_requests_to_the_plain_server_and_restarts_nothing():
+    b, srv, router, tl = routing()
+    for ln in ramp(0, 2, 0.2):
+        b.observe(ln)
+    assert router.calls == ["ref"] and srv.calls == [] and b.level == 2 and b.routed
+    (trip,) = tl.select(event="breaker_tripped")
+    assert trip["mechanism"] == "route" and trip["routed_to"] == "ref" and trip["incarnation"] is None
+    assert trip["switched_at"] == 1001.0 and trip["breach_t"] == 1.0
+    (routed,) = tl.select(source="router")
+    assert routed["event"] == "routed" and routed["to"] == "ref" and routed["url"] == "http://127.0.0.1:3"
+    for ln in ramp(2.5, 5, 0.2, start=(0, 0)):   # the server still runs the bad draft: no second trip
+        b.observe(ln)
+    assert router.calls == ["ref"]
+
+
+def test_route_reenables_after_the_hold_time_and_routes_away_again():
+    b, srv, router, tl = routing(reenable_after_s=1.0)
+    for ln in ramp(0, 1, 0.5):
+        b.observe(ln)
+    assert router.calls == ["ref"]
+    b.observe(line(1.5, 100, 50))              # no traffic reaches it: flat counters, hold not over
+    assert router.calls == ["ref"]
+    b.observe(line(2.1, 100, 50))
+    assert router.calls == ["ref", "spec"] and b.level == 0 and not b.routed
+    for ln in ramp(3, 4.5, 0.5, start=(100, 50)):   # still bad once judged afresh: routed away again
+        b.observe(ln)
+    assert router.calls == ["ref", "spec", "ref"] and srv.calls == []
+    assert [e["event"] for e in tl.select(source="router")] == ["routed", "routed_back", "routed"]
+    assert [e["event"] for e in tl.select(source="breaker")] == ["breaker_tripped", "breaker_reenabled",
+                                                                 "breaker_tripped"]
+
+
+def test_route_without_reenable_stays_on_the_plain_server():
+    b, _srv, router, _tl = routing()
+    for ln in ramp(0, 1, 0.5) + [line(100.0, 50, 25)]:
+        b.observe(ln)
+    assert router.calls == ["ref"] and b.routed
+
+
+def test_route_back_when_someone_else_changes_the_speculative_settings():
+    """A fault's clear (a swap rolled back) restarts the routed-away server with other settings:
+    the breaker closes and new requests go back to it, judged afresh."""
+    b, srv, router, tl = routing()
+    for ln in ramp(0, 1, 0.5):
+        b.observe(ln)
+    srv.speculative = {"method": "draft_model", "draft": "/m/draft-exact", "num_speculative_tokens": 4}
+    b.observe(line(2.0, 0, 0))
+    assert router.calls == ["ref", "spec"] and b.level == 0 and not b.routed
+    assert tl.select(event="routed_back")[0]["reason"] == "the speculative server's settings changed"
+
+
+def test_route_soft_trip_still_restarts_with_fewer_tokens():
+    b, srv, router, _tl = routing(soft_rejection=0.2, hard_rejection=0.3)
+    for ln in ramp(0, 1, 0.75):               # rejection 0.25: soft
+        b.observe(ln)
+    assert srv.calls == [("draft_model", "/m/draft-acc20", 2)] and router.calls == [] and b.level == 1
+
+
+def test_route_a_router_that_fails_is_no_trip_and_is_tried_again():
+    b, srv, router, tl = routing()
+    router.fail = True
+    for ln in ramp(0, 1.5, 0.2):
+        b.observe(ln)
+    assert b.level == 0 and not tl.select(event="breaker_tripped") and srv.calls == []
+    router.fail = False
+    b.observe(line(2.0, 200, 40))
+    assert router.calls == ["ref"] and b.level == 2
+
+
+def test_route_config_rules():
+    assert BreakerConfig().fallback == "restart"
+    assert route_upstream(BreakerConfig(fallback="route")) == "ref"
+    standby = BreakerConfig(fallback="route", route_to="http://127.0.0.1:8100/")
+    assert standby.route_to == "http://127.0.0.1:8100" and route_upstream(standby) == STANDBY
+    for bad in ("spec", "http://10.0.0.1:8000", "http://127.0.0.1", "ftp://127.0.0.1:21"):
+        with pytest.raises(ValidationError, match="route_to"):
+            BreakerConfig(fallback="route", route_to=bad)
+    with pytest.raises(ValidationError):
+        BreakerConfig(fallback="reroute")
+    with pytest.raises(SpecchaosError, match="needs the load router"):
+        SpeculationBreaker(BreakerConfig(enabled=True, fallback="route"), StubServer(), Timeline())
+    with pytest.raises(SpecchaosError, match="needs the load router"):
+        SpeculationBreaker(BreakerConfig(enabled=True, fallback="route"), StubServer(), Timeline(),
+                           router=StubRouter(plain="other"))
 
 
 def test_breaker_on_the_supervised_fake_falls_back_to_plain(fake_server, tmp_path):
