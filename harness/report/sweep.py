@@ -22,7 +22,9 @@ _FIGS = (("goodput", "goodput"), ("tpot_p50", "TPOT p50"), ("ttft_p50", "TTFT p5
 def _speed(f: dict[str, Any] | None) -> str:
     if not f or f.get("speedup") is None:
         return "—"
-    ci = "" if f.get("low") is None else f" [{f['low']:.2f}, {f['high']:.2f}]"
+    # an interval with one open end (too few resamples on one side) is shown as "?"
+    low, high = (("?" if f.get(k) is None else f"{f[k]:.2f}") for k in ("low", "high"))
+    ci = "" if f.get("low") is None and f.get("high") is None else f" [{low}, {high}]"
     return f"{f['speedup']:.2f}{ci}"
 
 

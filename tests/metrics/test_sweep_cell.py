@@ -60,3 +60,13 @@ def test_too_few_values_leave_the_speedup_unestimated():
 def test_bad_level_kind():
     with pytest.raises(ValueError, match="level_kind"):
         cell_figures([], [], level=1, level_kind="users")
+
+
+def test_the_sweep_table_shows_an_interval_with_one_open_end():
+    """Measured on the shipped sweep: a cell whose interval had a low end but no high one
+    crashed the table (TypeError); it shows "?" for the open end."""
+    from harness.report.sweep import _speed  # deferred: the one private helper under test
+    assert _speed({"speedup": 1.5, "low": 1.2, "high": None}) == "1.50 [1.20, ?]"
+    assert _speed({"speedup": 1.5, "low": None, "high": None}) == "1.50"
+    assert _speed({"speedup": 1.5, "low": 1.2, "high": 1.8}) == "1.50 [1.20, 1.80]"
+    assert _speed(None) == "—"
