@@ -19,6 +19,7 @@ from harness.pytest_plugin import (MARKERS, failure_message, gate_exit_code, mar
                                    verdict_table)
 from tests.ci.helpers import PLUGIN, ROOT, SHORT, collect_many, env, pytest_plugin
 from tests.experiment.fast_e2e import fast_experiment
+from tests.experiment.files import experiment_files
 from tests.procs import wait_for
 
 
@@ -86,14 +87,14 @@ def test_collects_one_item_per_experiment_with_markers_from_tags():
         ["experiments/"], ["-m", "gate", "experiments/"], ["-m", "slow", "experiments/"], ["-m", "chaos", "experiments/"])
     assert rc == 0, out
     items = _items(out)
-    files = sorted(ROOT.glob("experiments/**/*.yaml"))   # the shipped ones and selftest/; nothing started
+    files = experiment_files()   # the shipped ones and selftest/, less the sweep files; nothing started
     assert sorted(i.split("::")[0] for i in items) == [str(f.relative_to(ROOT)) for f in files], items
     assert "experiments/kill-draft-worker.yaml::Kill the drafting worker under load" in items
     assert sorted(i.split("::")[0] for i in _items(gate_out)) == [
         "experiments/client-abort.yaml", "experiments/kill-draft-worker.yaml", "experiments/network-jitter.yaml"]
     assert sorted(i.split("::")[0] for i in _items(slow_out)) == [   # and every real-model one (minutes each)
         "experiments/bad-draft-fallback.yaml", "experiments/memory-pressure.yaml",
-        *(str(f.relative_to(ROOT)) for f in sorted(ROOT.glob("experiments/real-model/*.yaml")))]
+        *(str(f.relative_to(ROOT)) for f in experiment_files() if "real-model" in f.parts)]
     tagged = [f for f in files if "chaos" in (yaml.safe_load(f.read_text()).get("tags") or [])]
     assert len(_items(chaos_out)) == len(tagged)
 
