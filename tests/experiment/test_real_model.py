@@ -12,12 +12,14 @@ import pytest
 import yaml
 
 from tests.experiment import files
-from tests.experiment.files import (EXPERIMENTS, REAL_MODELS, ci_form, needs_real_models, run_cli,
+from harness.experiment.sweep import plan_sweep
+from tests.experiment.files import (EXPERIMENTS, REAL_MODELS, ci_form, is_sweep, needs_real_models, run_cli,
                                    skip_without_real_models, write)
 from tests.procs import leaked_since, sut_pids
 
 REAL = EXPERIMENTS / "real-model"
-FILES = sorted(REAL.glob("*.yaml"))
+FILES = [p for p in sorted(REAL.glob("*.yaml")) if not is_sweep(p)]
+SWEEP = REAL / "sweep-speculation.yaml"
 
 @pytest.fixture
 def real_models_built():
@@ -77,9 +79,20 @@ def test_a_missing_real_set_skips_here_and_fails_where_ci_requires_it(monkeypatc
     skip_without_real_models(None)   # nothing missing: neither
 
 
-def test_the_real_model_experiments_are_the_four_families():
+def test_the_real_model_experiments_are_the_four_families_the_request_mix_and_a_sweep():
     assert [p.name for p in FILES] == ["bad-draft-fallback.yaml", "freeze-engine.yaml", "kill-draft-worker.yaml",
-                                       "network-jitter.yaml"]
+                                       "network-jitter.yaml", "request-mix.yaml"]
+    assert is_sweep(SWEEP)
+
+
+def test_the_real_model_sweep_plans(real_models_built, monkeypatch):
+    """Its base is ../soak.yaml with the real set's stack: 3 stacks (draft-l25 at k 2 and 4,
+    ngram), 6 runs, 12 cells; every run validates against models-real/ (it runs whole in the
+    nightly tier's sweep)."""
+    monkeypatch.chdir(EXPERIMENTS.parent)
+    plan = plan_sweep(SWEEP)
+    assert len(plan.runs) == 6 and plan.stacks == 3
+    assert sum(len(r.buckets) * len(r.sampling) for r in plan.runs) == 12
 
 
 @pytest.mark.stack
