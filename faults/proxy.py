@@ -50,6 +50,7 @@ from typing import Any
 
 from faults.toxics import AbortPlan, CorruptPlan, SseReframer, Toxic, affected, connection_rng, latency_s, parse_toxic, slice_sizes
 from harness.net import LOOPBACK_HINT, is_allowed_host, is_loopback_host
+from harness.proc import announced_main
 
 log = logging.getLogger(__name__)
 
@@ -519,19 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s proxy %(message)s", stream=sys.stderr)
-    try:
+
+    def run() -> None:
         listen = _address(args.listen, "--listen")
         upstream = _address(args.upstream, "--upstream", allowed=True)   # an external server
         asyncio.run(serve(args.name, listen, upstream, args.seed))
-    except ValueError as exc:
-        print(json.dumps({"error": str(exc)}), flush=True)
-        return 2
-    except OSError as exc:
-        print(json.dumps({"error": f"cannot listen on {args.listen}: {exc.strerror or exc}"}), flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 0
-    return 0
+
+    return announced_main(args.listen, run)
 
 
 if __name__ == "__main__":

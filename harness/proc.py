@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["die_with_parent", "start_announced", "end_process"]
+__all__ = ["die_with_parent", "start_announced", "announced_main", "end_process"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = None
@@ -75,6 +75,31 @@ def start_announced(cmd: Sequence[str], cwd: str | Path, timeout_s: float) -> tu
     except ValueError:
         line = {}
     return popen, line if isinstance(line, dict) else {}
+
+
+def announced_main(listen: str, serve: Callable[[], None]) -> int:
+    """The helper process's side of :func:`start_announced`: run ``serve`` (it validates its
+    arguments, prints the ready line and serves until interrupted) and turn a refusal into
+    the one ``{"error": ...}`` line the starter reads.
+
+    Args:
+        listen: the ``--listen`` address, named in the error when it cannot be bound.
+        serve: the body; raises ValueError for a bad argument, OSError when it cannot listen.
+
+    Returns:
+        The exit status: 0 (served, or ended by Ctrl-C), 2 (refused, its error line printed).
+    """
+    try:
+        serve()
+    except ValueError as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+        return 2
+    except OSError as exc:
+        print(json.dumps({"error": f"cannot listen on {listen}: {exc.strerror or exc}"}), flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 def end_process(popen: subprocess.Popen, wait_s: float = 3.0) -> None:

@@ -54,7 +54,7 @@ import httpx
 from harness import state as run_state
 from harness.errors import StackError
 from harness.net import LOOPBACK_HINT, UPSTREAM_HEADER, is_loopback_host
-from harness.proc import end_process, start_announced
+from harness.proc import announced_main, end_process, start_announced
 
 __all__ = ["CONTROL_PATH", "RouterProcess", "main"]
 
@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--active", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(message)s", stream=sys.stderr)
-    try:
+
+    def serve() -> None:
         host, _, port = args.listen.rpartition(":")
         if not is_loopback_host(host):
             raise ValueError(f"--listen {args.listen!r} is not a loopback address ({LOOPBACK_HINT})")
@@ -204,15 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.active not in upstreams:
             raise ValueError(f"--active {args.active!r} is not an upstream ({', '.join(upstreams)})")
         asyncio.run(_serve(_Router(upstreams, args.active), host.strip("[]"), int(port)))
-    except ValueError as exc:
-        print(json.dumps({"error": str(exc)}), flush=True)
-        return 2
-    except OSError as exc:
-        print(json.dumps({"error": f"cannot listen on {args.listen}: {exc.strerror or exc}"}), flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 0
-    return 0
+
+    return announced_main(args.listen, serve)
 
 
 class RouterProcess:
