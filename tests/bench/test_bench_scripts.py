@@ -147,6 +147,14 @@ def test_lateness_against_the_servers_send_stamps():
     assert capacity.timing([r])["p50_ms"] is None
 
 
+def run_quick(script: str, timeout: float) -> dict:
+    """``bench/SCRIPT.py --quick`` in its own process: exit 0, its last JSON line."""
+    p = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick"], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    return last_json(p.stdout)
+
+
 @pytest.mark.parametrize("script,arg", [("accuracy", "--pairs=0"), ("accuracy", "--users=0"),
                                         ("loadgen_capacity", "--users=0"), ("loadgen_capacity", "--seconds=0"),
                                         ("sweep_overhead", "--phase-s=0")])
@@ -162,10 +170,7 @@ def last_json(stdout: str) -> dict:
 
 @pytest.mark.timeout(180)
 def test_loadgen_capacity_quick():
-    p = subprocess.run([sys.executable, str(BENCH / "loadgen_capacity.py"), "--quick"], capture_output=True,
-                       text=True, timeout=170)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = last_json(p.stdout)
+    out = run_quick("loadgen_capacity", timeout=170)
     assert {"requests_per_s_per_core", "timing_error_ms", "timing_error_p99_ms", "capacity", "timing",
             "timing_at_capacity", "settings"} <= set(out)
     assert out["requests_per_s_per_core"] > 10
@@ -180,10 +185,7 @@ def test_loadgen_capacity_quick():
 @pytest.mark.own_stack
 @pytest.mark.timeout(900)
 def test_accuracy_quick():
-    p = subprocess.run([sys.executable, str(BENCH / "accuracy.py"), "--quick"], capture_output=True, text=True,
-                       timeout=880)
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
-    out = last_json(p.stdout)
+    out = run_quick("accuracy", timeout=880)
     assert {"ttft_ratio", "tpot_ratio", "itl_ratio", "e2e_ratio", "pairs", "spread", "server", "cpu"} <= set(out)
     for k in ("ttft", "tpot", "itl", "e2e"):
         assert 0.2 < out[f"{k}_ratio"] < 5, (k, out)
@@ -200,10 +202,7 @@ def test_accuracy_quick():
 @pytest.mark.nightly   # ~25 s of fake runs; the sweep's own e2e test (tests/experiment/test_sweep.py) is in make test
 @pytest.mark.timeout(300)
 def test_sweep_overhead_quick():
-    p = subprocess.run([sys.executable, str(BENCH / "sweep_overhead.py"), "--quick"], capture_output=True, text=True,
-                       timeout=280)
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
-    out = last_json(p.stdout)
+    out = run_quick("sweep_overhead", timeout=280)
     assert out["reuse"]["runs"] == out["fresh"]["runs"] == 2
     assert out["reuse"]["stack_starts"] == 1 and out["fresh"]["stack_starts"] == 2
     assert out["ratios"]["stack_starts_saved"] == 1
