@@ -7,6 +7,7 @@ import pytest
 
 from harness.metrics.config import GoodputConfig
 from harness.metrics.sweep import cell_figures, goodput_values
+from harness.report.sweep import _speed
 from tests.factories import fail, make_record
 
 
@@ -65,7 +66,6 @@ def test_bad_level_kind():
 def test_the_sweep_table_shows_an_interval_with_one_open_end():
     """Measured on the shipped sweep: a cell whose interval had a low end but no high one
     crashed the table (TypeError); it shows "?" for the open end."""
-    from harness.report.sweep import _speed  # deferred: the one private helper under test
     assert _speed({"speedup": 1.5, "low": 1.2, "high": None}) == "1.50 [1.20, ?]"
     assert _speed({"speedup": 1.5, "low": None, "high": None}) == "1.50"
     assert _speed({"speedup": 1.5, "low": 1.2, "high": 1.8}) == "1.50 [1.20, 1.80]"
