@@ -47,7 +47,7 @@ def test_a_calibrated_draft_serves_the_acceptance_in_the_manifest(tmp_path, draf
     t0 = time.monotonic()
     try:
         s.start()
-        pgid = s._popen.pid
+        pgid = s._inc.pid
         s.wait_ready()
         started = time.monotonic() - t0
         before = spec_counters(s.base_url)

@@ -7,12 +7,12 @@ import subprocess
 import sys
 import time
 
-from harness.stack.local import _ExitWatch
+from harness.stack.supervisor import ExitWatch
 
 
 def test_sees_the_exit_at_once_and_reaps():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    with _ExitWatch(child) as w:
+    with ExitWatch(child.pid, lambda: child.poll() is not None) as w:
         assert not w.wait(0.05)
         t0 = time.monotonic()
         assert w.wait(10)
@@ -24,7 +24,7 @@ def test_sees_the_exit_at_once_and_reaps():
 def test_sleeps_while_the_child_runs():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        with _ExitWatch(child) as w:
+        with ExitWatch(child.pid, lambda: child.poll() is not None) as w:
             t0 = time.thread_time()
             for _ in range(5):
                 assert not w.wait(0.1)
@@ -38,6 +38,6 @@ def test_sleeps_while_the_child_runs():
 def test_a_child_already_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     time.sleep(0.5)
-    with _ExitWatch(child) as w:
+    with ExitWatch(child.pid, lambda: child.poll() is not None) as w:
         assert w.wait(1)
     assert child.returncode == 0

@@ -139,7 +139,7 @@ def test_bind_failure_is_a_start_error_and_leaves_nothing(real_stack, tmp_path):
                         startup_timeout_s=300)
         try:
             s.start()
-            pgid = s._popen.pid
+            pgid = s._inc.pid
             with pytest.raises(StackError) as ei:
                 s.wait_ready()
         finally:
@@ -165,7 +165,7 @@ def test_a_kv_cache_too_small_is_refused_at_start_with_vllms_error(real_stack, t
     t0 = time.monotonic()
     try:
         s.start()
-        pgid = s._popen.pid
+        pgid = s._inc.pid
         with pytest.raises(StackError) as ei:
             s.wait_ready()
     finally:
@@ -236,7 +236,7 @@ def test_stop_leaves_no_process(detached_stack):
     """Runs last (``stops_stack``): stop the shared stack and check every process of both trees is gone."""
     st, tl = detached_stack
     trees = {name: tree_of(s) for name, s in st.servers.items()}
-    pgids = {name: s._popen.pid for name, s in st.servers.items()}
+    pgids = {name: s._inc.pid for name, s in st.servers.items()}
     assert all(len(t) >= 3 for t in trees.values())
     t_stop = time.time()
     t0 = time.monotonic()

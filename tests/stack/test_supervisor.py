@@ -90,7 +90,7 @@ def test_crash_during_startup_is_a_start_error(make_server):
     assert "ValueError: no such model config" in err.message
     assert err.where == str(s.log_path)
     assert s.restarts == [] and s.incarnation == 0 and s.state == "failed"
-    assert procs.group_members(s._popen.pid) == []
+    assert procs.group_members(s._inc.pid) == []
 
 
 def test_not_ready_in_time(make_server):
@@ -198,7 +198,7 @@ def test_stack_stop_while_starting_is_parallel_and_short(make_server, tmp_path, 
     for s in servers:
         s.start()
     trees = {s.name: wait_tree(s) for s in servers}
-    pgids = {s.name: s._popen.pid for s in servers}
+    pgids = {s.name: s._inc.pid for s in servers}
     assert all(s.state == "starting" for s in servers)
     caplog.set_level(logging.INFO, logger="harness.stack.local")
     t0 = time.monotonic()
@@ -236,7 +236,7 @@ def test_stack_stop_ready_server_still_gets_graceful_sigterm(make_server, tmp_pa
     starting.start()
     ready.wait_ready(20)
     trees = {s.name: wait_tree(s) for s in (ready, starting)}
-    pgids = {s.name: s._popen.pid for s in (ready, starting)}
+    pgids = {s.name: s._inc.pid for s in (ready, starting)}
     t0 = time.monotonic()
     stack.stop(timeout_s)
     elapsed = time.monotonic() - t0
