@@ -46,6 +46,7 @@ class RunState:
             "out_dir": str(Path(out_dir).resolve()),
             "ledger": str(Path(ledger).resolve()) if ledger else None,
             "processes": [],
+            "containers": [],
         }
         self.path = state_dir() / "runs" / f"{self.run_id}.json"
         self._write()
@@ -73,6 +74,18 @@ class RunState:
     def unregister_process(self, pid: int) -> None:
         with self._lock:
             self.data["processes"] = [p for p in self.data["processes"] if p["pid"] != pid]
+            self._write()
+
+    def register_container(self, container_id: str, name: str, engine: str) -> None:
+        """Remember a container this run created (``engine``: the Docker engine's URL, e.g.
+        ``unix:///tmp/specchaos-docker/docker.sock``): cleanup removes it."""
+        with self._lock:
+            self.data.setdefault("containers", []).append({"id": container_id, "name": name, "engine": engine})
+            self._write()
+
+    def unregister_container(self, container_id: str) -> None:
+        with self._lock:
+            self.data["containers"] = [c for c in self.data.get("containers", []) if c["id"] != container_id]
             self._write()
 
     def set_processes(self, processes: list[dict[str, Any]]) -> None:
@@ -111,3 +124,14 @@ def register_process(pid: int, role: str) -> None:
 def unregister_process(pid: int) -> None:
     if _current is not None:
         _current.unregister_process(pid)
+
+
+def register_container(container_id: str, name: str, engine: str) -> None:
+    """Register a container into the current run state, if there is one."""
+    if _current is not None:
+        _current.register_container(container_id, name, engine)
+
+
+def unregister_container(container_id: str) -> None:
+    if _current is not None:
+        _current.unregister_container(container_id)

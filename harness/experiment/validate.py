@@ -46,7 +46,7 @@ from harness.experiment.overrides import (CONFIG_VAR, Override, apply_overrides,
 from harness.metrics.phases import PHASES
 from harness.load.source_prep import prepare_source
 from harness.load.sources import RequestSpec
-from harness.stack.capabilities import missing, refusal
+from harness.stack.capabilities import capabilities_of, missing, refusal
 from harness.stack.launchers import launcher_class, launcher_names
 from harness.stack.preflight import resolve_models
 
@@ -272,7 +272,13 @@ def check_capabilities(cfg: SpecchaosConfig, faults: Sequence[tuple[str, str, Fa
     """
     name = cfg.stack.launcher
     launcher = launcher_class(name)
-    asked = [(kind, list(type(fault).needs), f"{path}: {loc}.provider") for loc, kind, fault in faults]
+    asked = [(kind, list(fault.required()), f"{path}: {loc}.provider") for loc, kind, fault in faults]
+    offered = capabilities_of(launcher.server_class)
+    for loc, kind, fault in faults:
+        for capability, why in fault.excluded().items():
+            if capability in offered:
+                raise ExperimentError(f"{kind}: {why}; launcher `{name}` {launcher.summary}",
+                                      where=f"{path}: {loc}.provider")
     if cfg.stack.breaker.enabled:
         asked.append(("the speculation circuit breaker", ["respeculation"],
                       f"{path}: configuration.specchaos.stack.breaker.enabled"))

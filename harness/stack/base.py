@@ -1,4 +1,4 @@
-"""What every launcher provides (local processes, external servers; docker later).
+"""What every launcher provides (local processes, Docker containers, external servers).
 
 A *server* is one vLLM OpenAI-compatible server; a *stack* is the speculative server
 (``"spec"``) plus, optionally, the non-speculative reference (``"ref"``) on the same
@@ -53,7 +53,7 @@ class Stack(Protocol):
     """The servers of one run, started and stopped together. What a server offers beyond
     :class:`Server` is declared by ``server_class`` (:mod:`harness.stack.capabilities`)."""
 
-    launcher: str                 # "local", "external"
+    launcher: str                 # "local", "docker", "external"
     summary: str                  # what the launcher does, e.g. "attaches to URLs only" (for refusals)
     server_class: type            # the class of its servers: its capabilities are read from it
     vllm_version: str

@@ -14,6 +14,8 @@ capability         protocol                             what it gives
 ``readiness``      :class:`Readiness`                   readiness by a real generation
 ``logs``           :class:`Logs`                        the server's log file
 ``metrics``        :class:`MetricsEndpoint`             a ``/metrics`` endpoint to scrape
+``containers``     :class:`Containerised`               a container per incarnation (pause,
+                                                        live limits, kill of the whole server)
 =================  ===================================  =======================================
 
 A launcher's servers are instances of its stack class's ``server_class``; what that class
@@ -32,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
-__all__ = ["TokenCounting", "ProcessRoles", "Supervised", "Respeculating", "Readiness", "Logs", "MetricsEndpoint", "Capability",
+__all__ = ["TokenCounting", "ProcessRoles", "Containerised", "Supervised", "Respeculating", "Readiness", "Logs", "MetricsEndpoint", "Capability",
            "CAPABILITIES", "capabilities_of", "provides", "missing", "refusal"]
 
 
@@ -118,6 +120,21 @@ class MetricsEndpoint(Protocol):
 
 
 @runtime_checkable
+class Containerised(Protocol):
+    """A server whose every incarnation is a container (launcher ``docker``): the fault
+    families' container mechanisms (kill and restart of the container, ``docker pause``,
+    live CPU and memory limits through ``container.update``) act on it."""
+
+    def container(self) -> Any | None:
+        """The running container (a ``docker`` SDK ``Container``) of the current incarnation, or None when down."""
+        ...
+
+    def container_name(self) -> str | None:
+        """The current container's name (evidence, messages), or None before the first start."""
+        ...
+
+
+@runtime_checkable
 class TokenCounting(Protocol):
     """A *stack* that measures prompts with its server's own tokenizer (an external server,
     whose model directory the harness may not have); a stack without it is measured with
@@ -145,6 +162,7 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in (
     Capability("readiness", Readiness, "readiness by a real generation"),
     Capability("logs", Logs, "the server's log file"),
     Capability("metrics", MetricsEndpoint, "a /metrics endpoint"),
+    Capability("containers", Containerised, "a container per server (launcher docker)"),
 )}
 
 

@@ -23,11 +23,14 @@ from harness.stack.launchers import launcher_class, launcher_names
 from harness.stack.vllm import (DRAFTLESS_METHODS, HARNESS_FLAGS, METHODS, NGRAM_PROMPT_LOOKUP, needs_draft,
                                 speculative_problems)
 
-__all__ = ["EXTERNAL", "METHODS", "DRAFTLESS_METHODS", "NGRAM_PROMPT_LOOKUP", "DEFAULT_DRAFT", "needs_draft", "RestartPolicy",
+__all__ = ["EXTERNAL", "DOCKER", "DockerConfig", "METHODS", "DRAFTLESS_METHODS", "NGRAM_PROMPT_LOOKUP", "DEFAULT_DRAFT", "needs_draft", "RestartPolicy",
            "StackConfig"]
 
 #: The launcher that attaches to servers the harness did not start (:mod:`harness.stack.external`).
 EXTERNAL = "external"
+
+#: The launcher that runs each server in Docker containers (:mod:`harness.stack.container`).
+DOCKER = "docker"
 
 #: The draft of a method that needs one when ``stack.draft`` is not given.
 DEFAULT_DRAFT = "draft-exact"
@@ -44,6 +47,27 @@ class RestartPolicy(_Strict):
     max_restarts: int = Field(3, ge=0)
     backoff_s: float = Field(1.0, ge=0)
     backoff_max_s: float = Field(10.0, ge=0)
+
+
+class DockerConfig(_Strict):
+    """Launcher ``docker`` only (:mod:`harness.stack.container`): how each server's containers run."""
+
+    #: The image (tag or id, already on the engine: no registry is asked). Not given: the
+    #: tiny host-root image built locally, run with read-only mounts of this machine's
+    #: Python, venv and checkout (:func:`harness.stack.docker_engine.ensure_image`). On GPU
+    #: hosts e.g. ``vllm/vllm-openai:v0.11.0`` with ``gpus: all``.
+    image: str | None = None
+    #: The interpreter inside the container; not given: this venv's (host-root image) or ``python3``.
+    python: str | None = None
+    #: ``host``: the host's network, vLLM bound to ``stack.host`` (loopback); ``bridge``:
+    #: the container's own network, its port published on ``stack.host`` only.
+    network: Literal["host", "bridge"] = "host"
+    #: ``/dev/shm`` size (vLLM needs more than Docker's default 64 MB), e.g. ``1g``.
+    shm_size: str = Field("1g", pattern=r"^[0-9]+[bkmgBKMG]?$")
+    #: CPUs the containers may run on (``--cpuset-cpus``, e.g. ``"0"`` or ``"0-3"``); not given: all.
+    cpuset_cpus: str | None = Field(None, pattern=r"^[0-9]+([-,][0-9]+)*$")
+    #: GPUs given to each container (device requests): 0 none, a count, or ``"all"``.
+    gpus: int | Literal["all"] = Field(0)
 
 
 class StackConfig(_Strict):
@@ -98,6 +122,9 @@ class StackConfig(_Strict):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     #: The speculation circuit breaker (:mod:`harness.stack.breaker`), off by default.
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    #: Launcher ``docker``: how the containers run (:class:`DockerConfig`); other launchers
+    #: ignore it, so one file runs with ``--launcher local`` and ``--launcher docker``.
+    docker: DockerConfig = Field(default_factory=DockerConfig)
 
     @model_validator(mode="before")
     @classmethod

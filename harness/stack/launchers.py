@@ -28,6 +28,7 @@ ENV_VAR = "SPECCHAOS_LAUNCHERS"
 LAUNCHERS: dict[str, Any] = {
     "local": "harness.stack.local:LocalStack",
     "external": "harness.stack.external:ExternalStack",
+    "docker": "harness.stack.container:DockerStack",
 }
 
 
