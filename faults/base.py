@@ -102,6 +102,18 @@ class Fault(ABC):
     #: lack one. Empty: the family needs only the server's URL (e.g. a network toxic).
     needs: ClassVar[tuple[str, ...]] = ()
 
+    def required(self) -> tuple[str, ...]:
+        """The capabilities this fault, with its arguments, needs: :attr:`needs` unless a
+        mechanism asks for more (e.g. ``role: container`` needs ``containers``)."""
+        return type(self).needs
+
+    def excluded(self) -> dict[str, str]:
+        """Capabilities with which this fault, with its arguments, must not run:
+        ``{capability: why, in words}`` (e.g. a cgroup mechanism would move a container's
+        processes out of Docker's cgroups). ``specchaos validate`` refuses it on a launcher
+        whose servers offer one. Empty by default."""
+        return {}
+
     def __init__(self, params: FaultParams):
         self.params = params
         #: The ledger's id of the current injection (``"<kind>-<8 hex>"``), set by the
