@@ -66,15 +66,17 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import psutil
+from docker import errors as docker_errors
 from pydantic import Field, model_validator
 
-from faults import cgroup
+from faults import cgroup, container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.process_freeze import MIN_SLICE_S, ProcessFreeze, ProcessFreezeParams, TOKENS_METRIC, read_metrics
 from faults.process_kill import Recorded, same_process, server_of
 from harness import gpu
 from harness.clock import now
 from harness.errors import FaultError
+from harness.stack.capabilities import Containerised
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +110,12 @@ class CpuThrottleParams(FaultParams):
             process tree of the server (API process and every descendant).
         cpu_fraction: the CPU the targeted tree may use, as a fraction of ONE CPU, in (0, 1].
         period_s: the CFS period (cgroup; 0.001 to 1 s) or the duty cycle's period, seconds.
-        mechanism: ``"auto"`` (cgroup where writable, else the duty cycle), ``"cgroup"``
-            (a non-writable cgroup is an error at validate time) or ``"duty_cycle"``.
+        mechanism: ``"auto"`` (a server in a container: ``container`` for the whole tree, the
+            duty cycle for roles; else cgroup where writable, else the duty cycle),
+            ``"cgroup"`` (a non-writable cgroup is an error at validate time; refused for a
+            server in a container: it would move the container's processes out of Docker's
+            cgroups), ``"duty_cycle"`` or ``"container"`` (launcher docker: the container's
+            own CFS quota through ``container.update``, the whole container; no ``roles``).
         gpu_clocks_mhz: opt-in, GPU hosts: lock every GPU's SM clock to at most this (MHz).
         power_limit_w: opt-in, GPU hosts: set every GPU's power limit to this (W).
     """
@@ -118,12 +124,15 @@ class CpuThrottleParams(FaultParams):
     roles: list[Literal["api", "engine", "worker"]] | None = Field(None, min_length=1)
     cpu_fraction: float = Field(0.3, gt=0, le=1)
     period_s: float = Field(0.1, ge=0.001, le=1.0)
-    mechanism: Literal["auto", "cgroup", "duty_cycle"] = "auto"
+    mechanism: Literal["auto", "cgroup", "duty_cycle", "container"] = "auto"
     gpu_clocks_mhz: int | None = Field(None, gt=0)
     power_limit_w: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _duty_cycle(self) -> "CpuThrottleParams":
+        if self.mechanism == "container" and self.roles:
+            raise ValueError("mechanism container caps the whole container: remove roles, or use mechanism duty_cycle "
+                             "for single roles")
         if self.mechanism == "duty_cycle":
             if self.cpu_fraction >= 1:
                 raise ValueError("cpu_fraction 1 with mechanism duty_cycle would stop nothing; use a fraction below 1")
@@ -222,8 +231,20 @@ class CpuThrottle(Fault):
         self._targets: list[Recorded] = []
         self._gpu_locked: list[int] = []
         self._gpu_power: dict[int, float] = {}
+        self._container: Any = None   # mechanism container: the limited container
 
     # ------------------------------------------------------------------ helpers
+    def required(self) -> tuple[str, ...]:
+        """Process ids; ``mechanism: container`` needs a container."""
+        return ("containers",) if self.params.mechanism == "container" else type(self).needs
+
+    def excluded(self) -> dict[str, str]:
+        """``mechanism: cgroup`` never on a container (see :class:`CpuThrottleParams`)."""
+        if self.params.mechanism == "cgroup":
+            return {"containers": "mechanism cgroup would move the container's processes out of Docker's cgroups: "
+                                  "use mechanism container (or auto)"}
+        return {}
+
     def describe_target(self, ctx: FaultContext) -> str:
         """``"<server>/<roles joined by +>"`` or ``"<server>/tree"``, e.g. ``"spec/tree"``."""
         return f"{self.params.server}/{'+'.join(self.params.roles) if self.params.roles else 'tree'}"
@@ -294,6 +315,13 @@ class CpuThrottle(Fault):
             time.sleep(wait)
         incarnation, recorded = cgroup.record_tree(srv, p.server, p.roles, target)
         mechanism, why = p.mechanism, None
+        in_container = isinstance(srv, Containerised)
+        if mechanism == "cgroup" and in_container:
+            raise FaultError(self.excluded()["containers"], where=target)
+        if mechanism == "auto" and in_container:
+            mechanism = "duty_cycle" if p.roles else "container"
+            if p.roles:
+                why = "per-role limits in a container: its cgroups are Docker's"
         if mechanism == "auto":
             try:
                 cgroup.check_writable("cpu")
@@ -307,7 +335,13 @@ class CpuThrottle(Fault):
                       "cgroup": None, "read_back": None, "freezes": None, "gpu_locked": [],
                       "gpu_power_restore_w": {}}
         self._injected_mono = time.monotonic()
-        if mechanism == "cgroup":
+        if mechanism == "container":
+            c = container_ops.container_of(srv, p.server, target)
+            self.facts.update(container_ops.identity(c))
+            self.facts["read_back"] = container_ops.limit_cpu(c, p.cpu_fraction)
+            self._container = c
+            self._targets = list(recorded)
+        elif mechanism == "cgroup":
             self._cg = cgroup.TreeCgroup("cpu", self.fault_id or f"{self.kind}-{uuid.uuid4().hex[:8]}")
             values, lift = self._quota(self._cg.h.version)
             self._cg.lift = lift
@@ -390,6 +424,8 @@ class CpuThrottle(Fault):
                            + ("the cgroup's cpu.stat; " if f["mechanism"] == "cgroup" else "process states; ")
                            + f"{TOKENS_METRIC} on /metrics",
         }
+        if self._container is not None:
+            return self._container_evidence(ctx, window, obs)
         cg = self._cg
         stat_file = "cpu.stat"
         if cg is not None:
@@ -417,22 +453,7 @@ class CpuThrottle(Fault):
         obs["window_s"] = round(w1 - w0, 3)
         obs["cpu_seconds"] = round(c1 - c0, 4)
         obs["cpu_used_cpus"] = round((c1 - c0) / (w1 - w0), 4)
-        if self._tokens is not None:
-            before, _ = self._tokens.rate(self._injected_mono - BEFORE_WINDOW_S - POLL_S, self._injected_mono,
-                                          widen=True)
-            during, _ = self._tokens.rate(w0 - POLL_S, w1 + POLL_S)
-            deadline = time.monotonic() + METRICS_TIMEOUT_S
-            while during is None and self._tokens.samples and time.monotonic() < deadline:
-                # the poller's next sample closes the window; a starved server answers late, so
-                # the window then runs from the injection to the latest sample
-                time.sleep(POLL_S)
-                during, _ = self._tokens.rate(self._injected_mono, time.monotonic())
-            obs["tokens_per_s_before"] = None if before is None else round(before, 2)
-            obs["tokens_per_s_during"] = None if during is None else round(during, 2)
-            if before and during is not None:
-                obs["tokens_ratio"] = round(during / before, 3)
-        tok = (f"; tokens/s {obs['tokens_per_s_before']} before → {obs['tokens_per_s_during']} during"
-               if obs["tokens_per_s_during"] is not None else "")
+        tok = self._token_rates(obs, w0, w1)
         limit_cpus = p.cpu_fraction * (1 + CPU_SLACK_RATIO) + CPU_SLACK_CPUS
         if cg is not None:
             s1 = _stat(cg.read([stat_file])[stat_file])
@@ -478,6 +499,63 @@ class CpuThrottle(Fault):
             return Evidence(False, obs, head + " — not the planned share")
         return Evidence(True, obs, head + tok)
 
+    def _token_rates(self, obs: dict[str, Any], w0: float, w1: float) -> str:
+        """Fill ``tokens_per_s_before``/``_during``/``tokens_ratio`` for the window [w0, w1]
+        (monotonic s); the words for the evidence's detail ("" when not measured)."""
+        assert self._injected_mono is not None
+        if self._tokens is not None:
+            before, _ = self._tokens.rate(self._injected_mono - BEFORE_WINDOW_S - POLL_S, self._injected_mono,
+                                          widen=True)
+            during, _ = self._tokens.rate(w0 - POLL_S, w1 + POLL_S)
+            deadline = time.monotonic() + METRICS_TIMEOUT_S
+            while during is None and self._tokens.samples and time.monotonic() < deadline:
+                # the poller's next sample closes the window; a starved server answers late, so
+                # the window then runs from the injection to the latest sample
+                time.sleep(POLL_S)
+                during, _ = self._tokens.rate(self._injected_mono, time.monotonic())
+            obs["tokens_per_s_before"] = None if before is None else round(before, 2)
+            obs["tokens_per_s_during"] = None if during is None else round(during, 2)
+            if before and during is not None:
+                obs["tokens_ratio"] = round(during / before, 3)
+        return (f"; tokens/s {obs['tokens_per_s_before']} before → {obs['tokens_per_s_during']} during"
+                if obs["tokens_per_s_during"] is not None else "")
+
+    def _container_evidence(self, ctx: FaultContext, window: float, obs: dict[str, Any]) -> Evidence:
+        """``mechanism: container``: the quota read back from the engine (``HostConfig``),
+        the engine's CPU counters of the container over the window (``throttling_data``
+        ``throttled_periods`` grew; CPU used within the quota plus slack)."""
+        p, f, c = self.params, self.facts or {}, self._container
+        target = self.describe_target(ctx)
+        obs["measured_by"] = f"the engine's HostConfig and CPU stats of container {f.get('container_name')}; " \
+                             f"{TOKENS_METRIC} on /metrics"
+        hc = container_ops.host_config(c)
+        back = {"cpu_quota_us": hc.get("CpuQuota"), "cpu_period_us": hc.get("CpuPeriod")}
+        obs["read_back"] = back
+        s0 = container_ops.cpu_stats(c)
+        time.sleep(window)
+        s1 = container_ops.cpu_stats(c)
+        tok = self._token_rates(obs, s0[0] if s0 else time.monotonic() - window, time.monotonic())
+        asked = f.get("read_back") or {}
+        if back != asked:
+            return Evidence(False, obs, f"{target}: the engine reports {back}, not the limit asked {asked}")
+        obs["quota_read_back_cpus"] = round(back["cpu_quota_us"] / back["cpu_period_us"], 4)
+        if s0 is None or s1 is None:
+            return Evidence(False, obs, f"{target}: the engine's CPU stats of {f.get('container_name')} are unreadable")
+        span = s1[0] - s0[0]
+        obs["window_s"] = round(span, 3)
+        obs["cpu_seconds"] = round((s1[1]["usage_ns"] - s0[1]["usage_ns"]) / 1e9, 4)
+        obs["cpu_used_cpus"] = round(obs["cpu_seconds"] / span, 4) if span > 0 else None
+        obs["throttled_periods"] = s1[1]["throttled_periods"] - s0[1]["throttled_periods"]
+        head = (f"{target}: container {f.get('container_name')} quota read back {obs['quota_read_back_cpus']} CPU "
+                f"(asked {p.cpu_fraction:g})")
+        if obs["throttled_periods"] <= 0:
+            return Evidence(False, obs, f"{head}, but the kernel never throttled it in {obs['window_s']:.1f} s (it used "
+                                        f"{obs['cpu_used_cpus']} CPU: idle?)")
+        if obs["cpu_used_cpus"] is None or obs["cpu_used_cpus"] > p.cpu_fraction * (1 + CPU_SLACK_RATIO) + CPU_SLACK_CPUS:
+            return Evidence(False, obs, f"{head}, yet it used {obs['cpu_used_cpus']} CPU")
+        return Evidence(True, obs, f"{head}; it used {obs['cpu_used_cpus']:.3f} CPU over {obs['window_s']:.1f} s, "
+                                   f"throttled in {obs['throttled_periods']} periods{tok}")
+
     # ------------------------------------------------------------------ revert
     def clear(self, ctx: FaultContext) -> None:
         """Lift the quota (pids back, cgroup removed) or end the duty cycle (everything
@@ -487,6 +565,14 @@ class CpuThrottle(Fault):
             FaultError: the cgroup could not be removed, or a process stayed stopped.
         """
         errors = []
+        if self._container is not None:
+            container_ops.lift_cpu(self._container)
+            quota = container_ops.host_config(self._container).get("CpuQuota")
+            if quota not in (None, 0, -1):
+                errors.append(f"container {self._container.name} still has a CPU quota of {quota} us")
+            else:
+                log.info("unthrottled %s (container %s)", self.describe_target(ctx), self._container.name)
+                self._container = None
         if self._cg is not None:
             try:
                 res = self._cg.revert()
@@ -521,7 +607,15 @@ class CpuThrottle(Fault):
         facts = entry.get("facts") or {}
         params = entry.get("params") or {}
         errors = []
-        if facts.get("cgroup"):
+        if facts.get("mechanism") == "container":
+            try:
+                container_ops.lift_cpu(container_ops.client_for(facts).containers.get(facts["container"]))
+            except docker_errors.NotFound:
+                pass   # removed meanwhile: no limit is left
+            except FaultError as exc:
+                errors.append(exc.one_line())
+            paths = []
+        elif facts.get("cgroup"):
             paths = [facts["cgroup"]]
         else:
             paths = [{"path": str(pth), "parent": str(pth.parent), "lift": _lift_for(pth)}

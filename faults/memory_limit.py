@@ -50,15 +50,16 @@ import uuid
 from typing import Any, ClassVar, Literal
 
 import psutil
+from docker import errors as docker_errors
 from pydantic import Field, field_validator, model_validator
 
-from faults import cgroup
+from faults import cgroup, container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.process_freeze import TOKENS_METRIC, read_metrics
 from faults.process_kill import Recorded, same_process, server_of
 from harness.clock import now
 from harness.errors import FaultError
-from harness.stack.capabilities import ProcessRoles, Supervised
+from harness.stack.capabilities import Containerised, ProcessRoles, Supervised
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,14 @@ class MemoryLimitParams(FaultParams):
         roles: ``["api", "engine", "worker"]`` or a subset; None (default): the whole tree.
         limit_gib: the limit in GiB (> 0, at most the machine's memory).
         limit_bytes: the limit in bytes (> 0, at most the machine's memory).
-        usage_factor: the limit as this factor × the tree's RSS at injection (> 0).
+        usage_factor: the limit as this factor × the tree's RSS at injection (> 0; with
+            the container mechanism: × the container's memory use).
         Exactly one of ``limit_gib``, ``limit_bytes``, ``usage_factor``.
+        mechanism: ``"auto"`` (``container`` for a server in a container, else ``cgroup``),
+            ``"cgroup"`` (a cgroup of the harness's own; refused for a server in a container:
+            it would move the container's processes out of Docker's cgroups) or
+            ``"container"`` (launcher docker: ``container.update`` of the whole container's
+            memory and memory+swap limit; no ``roles``).
     """
 
     server: str = "spec"
@@ -92,6 +99,7 @@ class MemoryLimitParams(FaultParams):
     limit_gib: float | None = Field(None, gt=0)
     limit_bytes: int | None = Field(None, gt=0)
     usage_factor: float | None = Field(None, gt=0)
+    mechanism: Literal["auto", "cgroup", "container"] = "auto"
 
     @field_validator("limit_gib", "limit_bytes")
     @classmethod
@@ -111,6 +119,8 @@ class MemoryLimitParams(FaultParams):
         if len(given) != 1:
             raise ValueError(f"give exactly one of limit_gib, limit_bytes, usage_factor (got "
                              f"{', '.join(given) or 'none'})")
+        if self.mechanism == "container" and self.roles:
+            raise ValueError("mechanism container limits the whole container: remove roles")
         return self
 
 
@@ -148,18 +158,110 @@ class MemoryLimit(Fault):
         self._cg: cgroup.TreeCgroup | None = None
         self._targets: list[Recorded] = []
         self._oom_before = 0
+        self._container: Any = None   # mechanism container: the limited container
+
+    def required(self) -> tuple[str, ...]:
+        """Process ids; ``mechanism: container`` needs a container."""
+        return ("containers",) if self.params.mechanism == "container" else type(self).needs
+
+    def excluded(self) -> dict[str, str]:
+        """``mechanism: cgroup`` never on a container (see :class:`MemoryLimitParams`)."""
+        if self.params.mechanism == "cgroup":
+            return {"containers": "mechanism cgroup would move the container's processes out of Docker's cgroups: "
+                                  "use mechanism container (or auto)"}
+        return {}
+
+    def _mechanism(self, srv: Any, target: str) -> str:
+        """The mechanism for server ``srv`` (``auto`` resolved).
+
+        Raises:
+            FaultError: ``cgroup``, or ``roles``, on a server in a container.
+        """
+        p = self.params
+        if not isinstance(srv, Containerised):
+            return "cgroup" if p.mechanism == "auto" else p.mechanism
+        if p.mechanism == "cgroup" or p.roles:
+            raise FaultError("a cgroup of the harness's own would move the container's processes out of Docker's "
+                             "cgroups", where=target, hint="limit the whole container: mechanism container, no roles")
+        return "container"
+
+    def _inject_container(self, srv: Any, target: str) -> dict[str, Any]:
+        p = self.params
+        c = container_ops.container_of(srv, p.server, target)
+        used = container_ops.memory_usage(c)["usage_bytes"] or 0
+        if p.limit_bytes is not None:
+            limit = int(p.limit_bytes)
+        elif p.limit_gib is not None:
+            limit = int(p.limit_gib * GIB)
+        else:
+            limit = int(p.usage_factor * used)
+        limit = max(mmap.PAGESIZE, limit)
+        self.facts = {"mechanism": "container", "limit_bytes": limit, "read_back": None, "container_usage_bytes": used,
+                      "tree_rss_bytes": None, "pids": [], "create_times": [],
+                      "incarnation": int(getattr(srv, "incarnation", 0)), "limited_at": None, "cgroup": None,
+                      **container_ops.identity(c)}
+        container_ops.limit_memory(c, limit)
+        self._container = c
+        self.facts["read_back"] = {"memory_bytes": container_ops.host_config(c).get("Memory")}
+        self.facts["limited_at"] = now()
+        log.info("limited %s (container %s) to %d bytes (%.3f GiB; using %.3f GiB)", target, c.name, limit,
+                 limit / GIB, used / GIB)
+        return dict(self.facts)
+
+    def _container_evidence(self, srv: Any, target: str, timeout_s: float) -> Evidence:
+        """``mechanism: container``: the limit read back from the engine (``HostConfig.Memory``)
+        and the container's memory use within it (the engine's stats); tokens on
+        ``/metrics`` across the window; after an OOM kill, the supervisor's restart."""
+        f, c = self.facts or {}, self._container
+        window = max(0.5, min(EVIDENCE_WINDOW_S, timeout_s / 2))
+        start = time.monotonic()
+        before = read_metrics(srv.base_url)
+        time.sleep(window)
+        after = read_metrics(srv.base_url)
+        mem = container_ops.memory_usage(c)
+        back = container_ops.host_config(c).get("Memory")
+        obs: dict[str, Any] = {
+            "mechanism": "container", "container": f.get("container_name"), "limit_bytes": f["limit_bytes"],
+            "limit_read_back": back, "usage_bytes": mem["usage_bytes"], "peak_bytes": mem["max_usage_bytes"],
+            "stats_limit_bytes": mem["limit_bytes"], "tokens_metric": TOKENS_METRIC,
+            "tokens_before": before and before[TOKENS_METRIC], "tokens_after": after and after[TOKENS_METRIC],
+            "still_generating": None, "restart_ready_after_s": None, "window_s": round(time.monotonic() - start, 3),
+            "measured_by": f"the engine's HostConfig.Memory and memory stats of {f.get('container_name')}; "
+                           f"{TOKENS_METRIC} on /metrics"}
+        if obs["tokens_before"] is not None and obs["tokens_after"] is not None:
+            obs["still_generating"] = obs["tokens_after"] > obs["tokens_before"]
+        restarted = int(getattr(srv, "incarnation", 0)) != f["incarnation"]
+        if restarted and isinstance(srv, Supervised):   # OOM-killed: the supervisor's new container
+            ready = srv.wait_for_incarnation(f["incarnation"] + 1, max(0.0, timeout_s - (time.monotonic() - start)))
+            if ready is not None:
+                obs["restart_ready_after_s"] = round(ready - f["limited_at"], 3)
+            return Evidence(True, obs, f"{target}: container {obs['container']} limited to {f['limit_bytes']} bytes "
+                                       f"exited (OOM) and the server restarted"
+                                       + (f" {obs['restart_ready_after_s']:.1f} s after the limit"
+                                          if obs["restart_ready_after_s"] is not None else ""))
+        head = f"{target}: container {obs['container']} limit {f['limit_bytes'] / (1 << 20):.1f} MiB"
+        if back != f["limit_bytes"]:
+            return Evidence(False, obs, f"{target}: the engine reports a memory limit of {back}, not {f['limit_bytes']}")
+        if not obs["usage_bytes"]:
+            return Evidence(False, obs, f"{head} read back, but the engine reports no memory use of it")
+        if obs["usage_bytes"] > f["limit_bytes"]:
+            return Evidence(False, obs, f"{head} read back, yet it uses {obs['usage_bytes']} bytes")
+        gen = ("; still generating" if obs["still_generating"] else
+               "; no token produced in the window" if obs["still_generating"] is False else "")
+        return Evidence(True, obs, f"{head} read back; usage {obs['usage_bytes']} bytes within it{gen}")
 
     def describe_target(self, ctx: FaultContext) -> str:
         """``"<server>/<roles joined by +>"`` or ``"<server>/tree"``."""
         return f"{self.params.server}/{'+'.join(self.params.roles) if self.params.roles else 'tree'}"
 
     def check_host(self) -> None:
-        """A writable memory cgroup (there is no fallback).
+        """A writable memory cgroup (there is no fallback), unless ``mechanism: container``.
 
         Raises:
             FaultError: ``"cgroup <path> not writable (...)"`` (no ``where``: the whole fault).
         """
-        cgroup.check_writable("memory")
+        if self.params.mechanism != "container":
+            cgroup.check_writable("memory")
 
     def _oom_kills(self, version: int) -> int:
         assert self._cg is not None
@@ -180,6 +282,8 @@ class MemoryLimit(Fault):
         p = self.params
         target = self.describe_target(ctx)
         srv = server_of(ctx, p.server, target)
+        if self._mechanism(srv, target) == "container":
+            return self._inject_container(srv, target)
         incarnation, recorded = cgroup.record_tree(srv, p.server, p.roles, target)
         rss = _tree_rss(recorded)
         if p.limit_bytes is not None:
@@ -223,6 +327,9 @@ class MemoryLimit(Fault):
         Raises:
             FaultError: called before :meth:`inject`.
         """
+        if self.facts is not None and self._container is not None:
+            return self._container_evidence(server_of(ctx, self.params.server, self.describe_target(ctx)),
+                                            self.describe_target(ctx), timeout_s)
         if self.facts is None or self._cg is None:
             raise FaultError("memory-limit evidence asked before injection", where=self.describe_target(ctx))
         p, f, cg = self.params, self.facts, self._cg
@@ -293,6 +400,15 @@ class MemoryLimit(Fault):
         Raises:
             FaultError: the cgroup could not be removed.
         """
+        if self._container is not None:
+            container_ops.lift_memory(self._container)
+            back = container_ops.host_config(self._container).get("Memory")
+            if back not in (None, 0, container_ops.MEMORY_LIFTED_BYTES):
+                raise FaultError(f"container {self._container.name} still limited to {back} bytes",
+                                 where=self.describe_target(ctx), hint="run `specchaos cleanup`")
+            log.info("unlimited %s (container %s)", self.describe_target(ctx), self._container.name)
+            self._container = None
+            return
         if self._cg is None:
             return
         res = self._cg.revert()
@@ -309,6 +425,14 @@ class MemoryLimit(Fault):
             RuntimeError: a cgroup could not be removed.
         """
         facts = entry.get("facts") or {}
+        if facts.get("mechanism") == "container":
+            try:
+                container_ops.lift_memory(container_ops.client_for(facts).containers.get(facts["container"]))
+            except docker_errors.NotFound:
+                pass   # removed meanwhile: no limit is left
+            except FaultError as exc:
+                raise RuntimeError(exc.one_line()) from None
+            return
         if facts.get("cgroup"):
             found = [facts["cgroup"]]
         else:

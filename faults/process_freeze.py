@@ -56,8 +56,10 @@ from typing import Any, ClassVar, Literal
 
 import httpx
 import psutil
+from docker import errors as docker_errors
 from pydantic import Field, ValidationInfo, field_validator
 
+from faults import container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.process_kill import record_role, same_process, send_signal_exact, server_of, signal_recorded
 from harness.clock import now
@@ -92,15 +94,25 @@ class ProcessFreezeParams(FaultParams):
     Fields:
         server: key of ``stack.servers`` (``"spec"`` or ``"ref"``).
         role: ``"api"``, ``"engine"`` or ``"worker"``; every process of the role is stopped.
+            ``"container"`` (launcher docker): ``docker pause`` — the cgroup freezer stops
+            every role of the server's container at once (no duty cycle).
         duty_cycle: fraction of every ``period_s`` the processes are stopped, in (0, 1);
             None (default): stopped for the whole duration.
         period_s: the duty cycle's period, seconds (> 0; each slice at least 0.02 s).
     """
 
     server: str = "spec"
-    role: Literal["api", "engine", "worker"] = "engine"
+    role: Literal["api", "engine", "worker", "container"] = "engine"
     duty_cycle: float | None = Field(None, gt=0, lt=1)
     period_s: float = Field(1.0, gt=0)
+
+    @field_validator("duty_cycle")
+    @classmethod
+    def _no_paused_cycle(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("role") == "container":
+            raise ValueError("role container freezes by docker pause, which has no duty cycle: remove duty_cycle, "
+                             "or freeze a process role")
+        return v
 
     @field_validator("period_s")
     @classmethod
@@ -179,6 +191,7 @@ class ProcessFreeze(Fault):
         self._cycle: threading.Thread | None = None
         self._slices = threading.Condition()
         self._stopped_slices: list[tuple[float, float]] = []   # monotonic (start, planned end) per stopped slice
+        self._container: Any = None             # role container: the paused container
 
     def describe_target(self, ctx: FaultContext) -> str:
         """``"<server>/<role>"``, e.g. ``"spec/engine"``."""
@@ -186,6 +199,50 @@ class ProcessFreeze(Fault):
 
     def _server(self, ctx: FaultContext) -> Server:
         return server_of(ctx, self.params.server, self.describe_target(ctx))
+
+    def required(self) -> tuple[str, ...]:
+        """Process ids; ``role: container`` needs a container instead."""
+        return ("containers",) if self.params.role == "container" else type(self).needs
+
+    # ------------------------------------------------------------------ role container: docker pause
+    def _pause(self, ctx: FaultContext, target: str) -> dict[str, Any]:
+        p = self.params
+        srv = self._server(ctx)
+        c = container_ops.container_of(srv, p.server, target)
+        container_ops.pause(c)
+        self._container = c
+        log.info("paused %s (container %s: every role)", target, c.name)
+        self.facts = {"pids": [], "create_times": [], "cmdlines": [], "role": p.role, "duty_cycle": None,
+                      "period_s": p.period_s, "incarnation": int(getattr(srv, "incarnation", 0)), "stopped_at": now(),
+                      "mechanism": "docker_pause", **container_ops.identity(c)}
+        return dict(self.facts)
+
+    def _paused_evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
+        """The engine reports the container paused at both ends of a window of up to
+        :data:`EVIDENCE_WINDOW_S` s, and ``/metrics`` never answers within it: nothing in
+        the container runs, no token can be streamed."""
+        f, c = self.facts or {}, self._container
+        target = self.describe_target(ctx)
+        base_url = self._server(ctx).base_url
+        window = max(0.5, min(EVIDENCE_WINDOW_S, timeout_s))
+        obs: dict[str, Any] = {"role": "container", "mechanism": "docker_pause", "container": f.get("container_name"),
+                               "paused": False, "metrics_answered": None, "window_s": 0.0,
+                               "measured_by": f"the engine's State.Paused and {base_url}/metrics over the window"}
+        w0 = time.monotonic()
+        first = container_ops.paused(c)
+        answered = False
+        while time.monotonic() - w0 < window:
+            answered |= read_metrics(base_url, timeout_s=min(1.0, max(0.05, window - (time.monotonic() - w0)))) \
+                is not None
+        last = container_ops.paused(c)
+        obs.update(paused=bool(first and last), metrics_answered=answered, window_s=round(time.monotonic() - w0, 3))
+        head = f"docker pause of {target} ({obs['container']}, every role)"
+        if not obs["paused"]:
+            return Evidence(False, obs, f"{head}: the engine does not report it paused (start {first}, end {last})")
+        if answered:
+            return Evidence(False, obs, f"{head}: paused, yet {base_url}/metrics answered within the "
+                                        f"{obs['window_s']:.2f} s window")
+        return Evidence(True, obs, f"{head}: paused throughout, /metrics unanswered for {obs['window_s']:.2f} s")
 
     def _signal_all(self, signum: int) -> int:
         """Send ``signum`` to every target still alive (pid-reuse safe); how many got it."""
@@ -213,6 +270,8 @@ class ProcessFreeze(Fault):
         """
         p = self.params
         target = self.describe_target(ctx)
+        if p.role == "container":
+            return self._pause(ctx, target)
         incarnation, recorded = record_role(self._server(ctx), p.server, p.role, target, verb="stopped")
         with self._lock:
             signal_recorded(recorded, signal_mod.SIGSTOP, target, into=self._targets)
@@ -295,6 +354,8 @@ class ProcessFreeze(Fault):
         """
         if self.facts is None:
             raise FaultError("process-freeze evidence asked before injection", where=self.describe_target(ctx))
+        if self._container is not None:
+            return self._paused_evidence(ctx, timeout_s)
         p, f = self.params, self.facts
         target = self.describe_target(ctx)
         deadline = time.monotonic() + timeout_s
@@ -373,6 +434,13 @@ class ProcessFreeze(Fault):
                 (the fault stays open; ``specchaos cleanup`` retries).
         """
         self._done.set()
+        if self._container is not None:
+            container_ops.unpause(self._container)
+            if container_ops.paused(self._container):
+                raise FaultError(f"container {self._container.name} still paused after docker unpause",
+                                 where=self.describe_target(ctx), hint="run `specchaos cleanup`, or docker unpause it")
+            log.info("unpaused %s (container %s)", self.describe_target(ctx), self._container.name)
+            return
         if self._cycle is not None and self._cycle is not threading.current_thread():
             self._cycle.join(timeout=5.0)
         with self._lock:
@@ -394,6 +462,13 @@ class ProcessFreeze(Fault):
             PermissionError: not permitted to signal one.
         """
         facts = entry.get("facts") or {}
+        if facts.get("mechanism") == "docker_pause":
+            client = container_ops.client_for(facts)
+            try:
+                container_ops.unpause(client.containers.get(facts["container"]))
+            except docker_errors.NotFound:
+                pass   # removed meanwhile: nothing paused is left
+            return
         pids, cts = facts.get("pids") or [], facts.get("create_times") or []
         cmds = facts.get("cmdlines") or [None] * len(pids)
         left = resume([(int(pid), float(ct), cmd) for pid, ct, cmd in zip(pids, cts, cmds)])

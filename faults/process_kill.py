@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Literal
 import psutil
 from pydantic import Field, field_validator
 
+from faults import container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from harness.clock import now
 from harness.errors import FaultError
@@ -220,6 +221,9 @@ class ProcessKillParams(FaultParams):
     Fields:
         server: key of ``stack.servers`` (``"spec"`` or ``"ref"``).
         role: ``"api"``, ``"engine"`` or ``"worker"``; every process of the role is signalled.
+            ``"container"`` (launcher docker): the server's whole container, through the
+            engine (``docker kill --signal``; its init forwards the signal, SIGKILL ends every
+            role at once); the supervisor then starts a new container.
         signal: a name from :data:`KILL_SIGNALS`, with or without ``SIG`` (``"KILL"``).
         expect_restart: evidence requires a supervised restart of the server
             (a new incarnation that became ready).
@@ -227,7 +231,7 @@ class ProcessKillParams(FaultParams):
     """
 
     server: str = "spec"
-    role: Literal["api", "engine", "worker"] = "worker"
+    role: Literal["api", "engine", "worker", "container"] = "worker"
     signal: str = "SIGKILL"
     expect_restart: bool = True
     gone_timeout_s: float = Field(15.0, gt=0)
@@ -252,18 +256,40 @@ class ProcessKill(Fault):
         self.facts: dict[str, Any] | None = None
 
     def describe_target(self, ctx: FaultContext) -> str:
-        """``"<server>/<role>"``, e.g. ``"spec/worker"``."""
+        """``"<server>/<role>"``, e.g. ``"spec/worker"`` or ``"spec/container"``."""
         return f"{self.params.server}/{self.params.role}"
+
+    def required(self) -> tuple[str, ...]:
+        """Process ids; ``role: container`` needs a container instead."""
+        return ("containers",) if self.params.role == "container" else type(self).needs
 
     def _server(self, ctx: FaultContext) -> Server:
         return server_of(ctx, self.params.server, self.describe_target(ctx))
+
+    def _kill_container(self, ctx: FaultContext, target: str) -> tuple[int, list[Recorded], dict[str, Any]]:
+        """``role: container``: record the container's init (host pid), then ``docker kill``."""
+        p = self.params
+        srv = self._server(ctx)
+        c = container_ops.container_of(srv, p.server, target)
+        incarnation = int(getattr(srv, "incarnation", 0))
+        pid = int((c.attrs.get("State") or {}).get("Pid") or 0)
+        try:
+            init = psutil.Process(pid)
+            recorded: list[Recorded] = [(pid, init.create_time(), cmdline_of(init))]
+        except psutil.Error as exc:
+            raise FaultError(f"the init of container {c.name} (pid {pid}) is gone", where=target,
+                             hint="the server may be restarting; inject once it is ready") from exc
+        container_ops.kill(c, p.signal)
+        return incarnation, recorded, {"mechanism": "container", **container_ops.identity(c)}
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         """Signal every process of the role.
 
         Returns:
             ``{"pids": [int], "create_times": [float], "cmdlines": [[str]], "signal": str,
-            "incarnation_before": int, "signalled_at": epoch s}``
+            "incarnation_before": int, "signalled_at": epoch s, "mechanism": "signal"|"container"}``,
+            with ``role: container`` also ``container``, ``container_name``, ``engine``
+            (``pids``: the container's init, whose end is every role's).
 
         Raises:
             FaultError: unknown server; no process of the role (server down); a process
@@ -272,8 +298,12 @@ class ProcessKill(Fault):
         """
         p = self.params
         target = self.describe_target(ctx)
-        incarnation, recorded = record_role(self._server(ctx), p.server, p.role, target)
-        recorded = signal_recorded(recorded, int(getattr(signal_mod, p.signal)), target)
+        extra: dict[str, Any] = {"mechanism": "signal"}
+        if p.role == "container":
+            incarnation, recorded, extra = self._kill_container(ctx, target)
+        else:
+            incarnation, recorded = record_role(self._server(ctx), p.server, p.role, target)
+            recorded = signal_recorded(recorded, int(getattr(signal_mod, p.signal)), target)
         pids = [pid for pid, _, _ in recorded]
         if not pids:
             raise FaultError(f"every {p.role} process of server {p.server} went away before the signal",
@@ -287,6 +317,7 @@ class ProcessKill(Fault):
             "signal": p.signal,
             "incarnation_before": incarnation,
             "signalled_at": signalled_at,
+            **extra,
         }
         return dict(self.facts)
 

@@ -268,7 +268,7 @@ def check_capabilities(cfg: SpecchaosConfig, faults: Sequence[tuple[str, str, Fa
     Raises:
         ExperimentError: one line naming the fault (location and family), the launcher and
             what is missing, e.g. ``x.yaml: method[0].provider: process-kill needs process ids (capability
-            `processes`); launcher `external` attaches to URLs only: use launcher local``.
+            `processes`); launcher `external` attaches to URLs only: use launcher docker or local``.
     """
     name = cfg.stack.launcher
     launcher = launcher_class(name)

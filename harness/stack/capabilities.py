@@ -210,7 +210,7 @@ def refusal(subject: str, needs: list[str], launcher: str, launcher_says: str, a
     the capabilities ``needs`` which launcher ``launcher`` (described by ``launcher_says``,
     e.g. "attaches to URLs only") lacks; ``alternatives`` are launchers that offer them all.
     E.g. ``faults[0] process-kill needs process ids (capability `processes`); launcher
-    `external` attaches to URLs only: use launcher local``."""
+    `external` attaches to URLs only: use launcher docker or local``."""
     wanted = " and ".join(f"{CAPABILITIES[n].what} (capability `{n}`)" for n in needs)
     use = f"use launcher {' or '.join(alternatives)}" if alternatives else "no registered launcher offers it"
     return f"{subject} needs {wanted}; launcher `{launcher}` {launcher_says}: {use}"

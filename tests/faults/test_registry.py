@@ -28,7 +28,7 @@ def test_unknown_kind_lists_the_known_ones():
 @pytest.mark.parametrize(
     "args, field, words",
     [
-        ({"role": "gpu"}, "role", "'api', 'engine' or 'worker'"),
+        ({"role": "gpu"}, "role", "'api', 'engine', 'worker' or 'container'"),
         ({"signal": "SIGSTOP"}, "signal", "freeze"),
         ({"signal": "CONT"}, "signal", "freeze"),
         ({"signal": "SIGFOO"}, "signal", "unknown signal 'SIGFOO'"),

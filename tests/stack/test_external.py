@@ -33,9 +33,13 @@ URL = "http://127.0.0.1:8000"
 # ------------------------------------------------------------------ capabilities (unit)
 
 def test_local_servers_offer_every_capability_external_ones_only_readiness_and_metrics():
-    assert caps.capabilities_of(LocalServer) == frozenset(caps.CAPABILITIES)
+    assert caps.capabilities_of(LocalServer) == frozenset(caps.CAPABILITIES) - {"containers"}
     assert caps.capabilities_of(ExternalServer) == {"readiness", "metrics"}
     assert launcher_class("external").server_class is ExternalServer
+
+
+def test_docker_servers_offer_every_capability_containers_included():
+    assert caps.capabilities_of(launcher_class("docker").server_class) == frozenset(caps.CAPABILITIES)
 
 
 def test_instances_are_checked_against_the_runtime_protocols():
@@ -80,9 +84,9 @@ def test_every_family_declares_known_capabilities():
 
 
 def test_the_refusal_names_the_fault_the_launcher_and_what_is_missing():
-    line = caps.refusal("process-kill", ["processes"], "external", ExternalStack.summary, ["local"])
+    line = caps.refusal("process-kill", ["processes"], "external", ExternalStack.summary, ["docker", "local"])
     assert line == ("process-kill needs process ids (capability `processes`); launcher `external` attaches to "
-                    "URLs only: use launcher local")
+                    "URLs only: use launcher docker or local")
     assert "no registered launcher offers it" in caps.refusal("x", ["logs"], "external", "attaches", [])
 
 
@@ -93,7 +97,7 @@ def test_a_kill_through_the_external_launcher_is_refused_at_validate_and_run(tmp
     args = ("--launcher", "external", "--set", f"stack.spec_url={URL}", "--set", "stack.reference=false")
     assert_one_line_error(cli("validate", str(KILL), *args), "method[0].provider", "process-kill",
                           "process ids (capability `processes`)", "launcher `external` attaches to URLs only",
-                          "use launcher local")
+                          "use launcher docker or local")
     out = tmp_path / "out"
     assert_one_line_error(cli("run", str(KILL), "--out", str(out), *args), "process-kill", "launcher `external`")
     assert not (out / "ledger.jsonl").exists() and sut_pids() - before == set()
