@@ -10,10 +10,19 @@ every file with ``force``:
 2. every registered process tree is ended: the registered pid only if its create_time
    still matches (pid-reuse safe), with its descendants as found by psutil; SIGTERM,
    then SIGKILL to whatever is left after ``grace_s``;
-3. the state file is deleted (kept if something could not be reverted or ended, so a
+3. every container the run registered (launcher docker) is removed, forced: its processes
+   end, its limits and a pause go with it (:func:`harness.stack.container_cleanup.remove_registered`);
+4. the state file is deleted (kept if something could not be reverted or ended, so a
    later cleanup retries).
 
-Nothing that is not a registered process or a descendant of one is ever signalled.
+Then, on the engine ``$DOCKER_HOST`` names, the Docker launcher's containers of this state
+directory whose owning harness is gone (every one with ``force``) are removed
+(:func:`harness.stack.container_cleanup.remove_orphaned`): a pooled stack's containers, or
+one created just before a crash.
+
+Nothing that is not a registered process or a descendant of one is ever signalled, and no
+container without the launcher's labels and this state directory is ever touched (an
+external launcher's servers register nothing: never touched).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from faults.ledger import Ledger
 from faults.process_kill import same_process, send_signal_exact
 from faults.registry import REGISTRY
 from harness import state as run_state
+from harness.stack import container_cleanup
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +56,11 @@ def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float =
 
     Returns:
         ``{"runs": int (runs cleaned), "killed": [pid], "faults_reverted": [fault_id],
-        "skipped_live_runs": [run_id], "errors": [str]}``
+        "containers_removed": [name], "skipped_live_runs": [run_id], "errors": [str]}``
     """
     base = Path(state_dir) if state_dir is not None else run_state.state_dir()
-    result: dict[str, Any] = {"runs": 0, "killed": [], "faults_reverted": [], "skipped_live_runs": [], "errors": []}
+    result: dict[str, Any] = {"runs": 0, "killed": [], "faults_reverted": [], "containers_removed": [],
+                              "skipped_live_runs": [], "errors": []}
     for path in sorted((base / "runs").glob("*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -64,6 +75,7 @@ def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float =
             continue
         errors = _revert_faults(data.get("ledger"), result)
         errors += _kill_registered(data.get("processes") or [], grace_s, result)
+        errors += container_cleanup.remove_registered(data.get("containers") or [], result)
         result["runs"] += 1
         if errors:
             result["errors"] += [f"run {run_id}: {e}" for e in errors]
@@ -71,6 +83,7 @@ def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float =
         else:
             path.unlink(missing_ok=True)
             log.info("run %s cleaned up", run_id)
+    result["errors"] += container_cleanup.remove_orphaned(base, force, result)
     return result
 
 

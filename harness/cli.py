@@ -326,10 +326,11 @@ def models_build(dir: Optional[Path] = typer.Option(None, "--dir", help="Where t
 @app.command()
 def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down runs whose owner still lives."),
             state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Default: $SPECCHAOS_STATE_DIR or ~/.local/state/specchaos.")) -> None:
-    """Kill servers/load left by a crashed run and revert its open faults (pid-reuse safe)."""
+    """Kill servers/load left by a crashed run, remove its containers and revert its open faults (pid-reuse safe)."""
     res = do_cleanup(state_dir, force=force)
     out.print(f"cleanup: {res['runs']} crashed run(s) cleaned; killed {len(res['killed'])} process(es)"
               f"{' ' + str(res['killed']) if res['killed'] else ''}; reverted {len(res['faults_reverted'])} fault(s)"
+              f"{'; removed container(s) ' + ', '.join(res['containers_removed']) if res.get('containers_removed') else ''}"
               f"{'; skipped live run(s): ' + ', '.join(res['skipped_live_runs']) if res['skipped_live_runs'] else ''}",
               highlight=False)
     for e in res["errors"]:

@@ -98,7 +98,7 @@ def test_live_run_is_left_alone_unless_forced(fake_vllm, tmp_path):
     state = write_state(tmp_path, "live1", (me.pid, me.create_time()), [procs[0]])
 
     r = cleanup(tmp_path)
-    assert r == {"runs": 0, "killed": [], "faults_reverted": [], "skipped_live_runs": ["live1"], "errors": []}
+    assert r == {"runs": 0, "killed": [], "faults_reverted": [], "containers_removed": [], "skipped_live_runs": ["live1"], "errors": []}
     assert all(alive(*p) for p in procs) and state.exists()
 
     r = cleanup(tmp_path, force=True, grace_s=2)
