@@ -36,8 +36,8 @@ __all__ = ["container_of", "identity", "client_for", "kill", "pause", "unpause",
 #: The CFS period a container CPU limit uses, microseconds (Docker's default).
 CPU_PERIOD_US = 100_000
 #: The memory limit that lifts one (cgroup v1 keeps a limit once set: a large value lifts
-#: it, with swap unlimited), bytes: 1 PiB.
-MEMORY_LIFTED_BYTES = 1 << 50
+#: it, with swap unlimited; the kernel refuses 1 PiB), bytes: 1 TiB.
+MEMORY_LIFTED_BYTES = 1 << 40
 _ERRORS = (docker.errors.DockerException, OSError)
 
 
@@ -164,8 +164,11 @@ def limit_memory(c: Any, limit_bytes: int) -> None:
 
 
 def lift_memory(c: Any) -> None:
-    """Lift a memory limit (:data:`MEMORY_LIFTED_BYTES`, swap unlimited). Nothing when gone."""
+    """Lift a memory limit: memory and memory+swap to :data:`MEMORY_LIFTED_BYTES` first (the
+    kernel refuses a memory limit above the memory+swap one), then swap unlimited. Nothing
+    when gone."""
     with contextlib.suppress(*_ERRORS):
+        c.update(mem_limit=MEMORY_LIFTED_BYTES, memswap_limit=MEMORY_LIFTED_BYTES)
         c.update(mem_limit=MEMORY_LIFTED_BYTES, memswap_limit=-1)
 
 

@@ -112,9 +112,10 @@ class CpuThrottleParams(FaultParams):
         period_s: the CFS period (cgroup; 0.001 to 1 s) or the duty cycle's period, seconds.
         mechanism: ``"auto"`` (a server in a container: ``container`` for the whole tree, the
             duty cycle for roles; else cgroup where writable, else the duty cycle),
-            ``"cgroup"`` (a non-writable cgroup is an error at validate time; refused for a
-            server in a container: it would move the container's processes out of Docker's
-            cgroups), ``"duty_cycle"`` or ``"container"`` (launcher docker: the container's
+            ``"cgroup"`` (a non-writable cgroup is an error at validate time; on a server in a
+            container, the container's own cgroup, set through the engine as ``container``;
+            with ``roles`` refused there: it would move the container's processes out of
+            Docker's cgroups), ``"duty_cycle"`` or ``"container"`` (launcher docker: the container's
             own CFS quota through ``container.update``, the whole container; no ``roles``).
         gpu_clocks_mhz: opt-in, GPU hosts: lock every GPU's SM clock to at most this (MHz).
         power_limit_w: opt-in, GPU hosts: set every GPU's power limit to this (W).
@@ -239,10 +240,10 @@ class CpuThrottle(Fault):
         return ("containers",) if self.params.mechanism == "container" else type(self).needs
 
     def excluded(self) -> dict[str, str]:
-        """``mechanism: cgroup`` never on a container (see :class:`CpuThrottleParams`)."""
-        if self.params.mechanism == "cgroup":
-            return {"containers": "mechanism cgroup would move the container's processes out of Docker's cgroups: "
-                                  "use mechanism container (or auto)"}
+        """``mechanism: cgroup`` for single ``roles`` never on a container (see :class:`CpuThrottleParams`)."""
+        if self.params.mechanism == "cgroup" and self.params.roles:
+            return {"containers": "mechanism cgroup for single roles would move the container's processes out of "
+                                  "Docker's cgroups: limit the whole container (no roles), or use mechanism duty_cycle"}
         return {}
 
     def describe_target(self, ctx: FaultContext) -> str:
@@ -317,7 +318,9 @@ class CpuThrottle(Fault):
         mechanism, why = p.mechanism, None
         in_container = isinstance(srv, Containerised)
         if mechanism == "cgroup" and in_container:
-            raise FaultError(self.excluded()["containers"], where=target)
+            if p.roles:
+                raise FaultError(self.excluded()["containers"], where=target)
+            mechanism, why = "container", "a container's cgroup is Docker's: its quota set through the engine"
         if mechanism == "auto" and in_container:
             mechanism = "duty_cycle" if p.roles else "container"
             if p.roles:

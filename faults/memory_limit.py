@@ -88,8 +88,9 @@ class MemoryLimitParams(FaultParams):
             the container mechanism: × the container's memory use).
         Exactly one of ``limit_gib``, ``limit_bytes``, ``usage_factor``.
         mechanism: ``"auto"`` (``container`` for a server in a container, else ``cgroup``),
-            ``"cgroup"`` (a cgroup of the harness's own; refused for a server in a container:
-            it would move the container's processes out of Docker's cgroups) or
+            ``"cgroup"`` (a cgroup of the harness's own; on a server in a container, the
+            container's own cgroup through the engine, as ``container``; ``roles`` refused
+            there: they would move the container's processes out of Docker's cgroups) or
             ``"container"`` (launcher docker: ``container.update`` of the whole container's
             memory and memory+swap limit; no ``roles``).
     """
@@ -165,10 +166,11 @@ class MemoryLimit(Fault):
         return ("containers",) if self.params.mechanism == "container" else type(self).needs
 
     def excluded(self) -> dict[str, str]:
-        """``mechanism: cgroup`` never on a container (see :class:`MemoryLimitParams`)."""
-        if self.params.mechanism == "cgroup":
-            return {"containers": "mechanism cgroup would move the container's processes out of Docker's cgroups: "
-                                  "use mechanism container (or auto)"}
+        """Single ``roles`` never on a container (see :class:`MemoryLimitParams`)."""
+        if self.params.roles:
+            return {"containers": "a memory limit on single roles needs a cgroup of the harness's own, which would "
+                                  "move the container's processes out of Docker's cgroups: limit the whole container "
+                                  "(no roles)"}
         return {}
 
     def _mechanism(self, srv: Any, target: str) -> str:
@@ -180,10 +182,9 @@ class MemoryLimit(Fault):
         p = self.params
         if not isinstance(srv, Containerised):
             return "cgroup" if p.mechanism == "auto" else p.mechanism
-        if p.mechanism == "cgroup" or p.roles:
-            raise FaultError("a cgroup of the harness's own would move the container's processes out of Docker's "
-                             "cgroups", where=target, hint="limit the whole container: mechanism container, no roles")
-        return "container"
+        if p.roles:
+            raise FaultError(self.excluded()["containers"], where=target)
+        return "container"   # cgroup too: a container's cgroup is Docker's, set through the engine
 
     def _inject_container(self, srv: Any, target: str) -> dict[str, Any]:
         p = self.params

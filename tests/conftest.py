@@ -4,6 +4,8 @@ one real stack (spec + ref on the tiny models, CPU) that every real-stack test s
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from harness.errors import StackError
 from harness.stack.config import RestartPolicy, StackConfig
+from harness.stack.docker_engine import engine_client
 from harness.stack.models import build_models
 from harness.ports import free_ports
 from harness.stack.vllm import vllm_distribution
@@ -107,6 +111,37 @@ def fake_vllm():
     yield make
     left = [p.pid for fake in made for p in fake.stop()]
     assert not left, f"fake vLLM processes survived their test: {left}"
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> str:
+    """``$DOCKER_HOST`` of a Docker engine that answers: the one the environment names, else
+    the private engine of ``ci/docker-engine.sh`` started now (when ``dockerd`` is installed;
+    left running for the next session, ``ci/docker-engine.sh stop`` ends it). Without one
+    the tests that need it are skipped, except where ``SPECCHAOS_REQUIRE_DOCKER=1``
+    (``.ci/run`` sets it after starting the engine): there they fail."""
+    def answers() -> str | None:
+        try:
+            engine_client(timeout_s=10).close()
+            return None
+        except StackError as exc:
+            return exc.one_line()
+
+    why = answers()
+    if why is not None and shutil.which("dockerd"):
+        started = subprocess.run([str(ROOT / "ci" / "docker-engine.sh"), "start"], capture_output=True, text=True,
+                                 timeout=120)
+        line = started.stdout.strip().splitlines()[-1] if started.stdout.strip() else ""
+        if started.returncode == 0 and line.startswith("DOCKER_HOST="):
+            os.environ["DOCKER_HOST"] = line.split("=", 1)[1]
+            why = answers()
+        else:
+            why = f"ci/docker-engine.sh start failed: {started.stderr.strip()[-300:]}"
+    if why is not None:
+        if os.environ.get("SPECCHAOS_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"no Docker engine (SPECCHAOS_REQUIRE_DOCKER=1): {why}")
+        pytest.skip(f"no Docker engine: {why}")
+    return os.environ.get("DOCKER_HOST", "")
 
 
 @pytest.fixture(scope="session")
