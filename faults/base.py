@@ -49,8 +49,11 @@ class FaultContext(Protocol):
     @property
     def servers(self) -> Mapping[str, Server]: ...
 
-    load_urls: MutableMapping[str, str]
-    timeline: Timeline
+    @property
+    def load_urls(self) -> MutableMapping[str, str]: ...
+
+    @property
+    def timeline(self) -> Timeline: ...
 
     def now(self) -> float:
         """The harness clock (epoch seconds)."""
@@ -95,7 +98,7 @@ class Fault(ABC):
     #: What time to recover is measured from: ``"cleared"`` (default: the damage lasts
     #: while the fault is active, e.g. a freeze or a toxic) or ``"injected"`` (the damage is
     #: done when it acts, e.g. a killed process; its "clear" only waits for the restart).
-    recovery_from: ClassVar[Literal["injected", "cleared"]] = "cleared"
+    recovery_from: Literal["injected", "cleared"] = "cleared"
     #: The server capabilities the family needs (names of
     #: :data:`harness.stack.capabilities.CAPABILITIES`, e.g. ``("processes",)``): ``specchaos
     #: validate`` refuses the fault, before anything starts, with a launcher whose servers

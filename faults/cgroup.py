@@ -45,7 +45,8 @@ import select
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import psutil
 
@@ -83,7 +84,7 @@ def _root() -> Path:
 
 def _mounts() -> list[tuple[Path, str, set[str]]]:
     """``(mount point, fstype, super options)`` of every cgroup/cgroup2 mount."""
-    out = []
+    out: list[tuple[Path, str, set[str]]] = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
@@ -187,7 +188,7 @@ def check_writable(controller: str) -> Path:
     return parent
 
 
-def record_tree(srv: Server, server: str, roles: list[str] | None, target: str) -> tuple[int, list[Recorded]]:
+def record_tree(srv: Server, server: str, roles: Sequence[str] | None, target: str) -> tuple[int, list[Recorded]]:
     """The processes to put in the cgroup, recorded (pid, create_time, cmdline): with
     ``roles`` None the whole tree (the API process and every descendant, the resource
     tracker included), else every process of each named role.
@@ -199,7 +200,7 @@ def record_tree(srv: Server, server: str, roles: list[str] | None, target: str) 
         FaultError: the server is down or restarted meanwhile, or a process vanished.
     """
     if roles:
-        incarnation, out = -1, []
+        incarnation, out = -1, cast("list[Recorded]", [])
         for role in dict.fromkeys(roles):
             inc, rec = record_role(srv, server, role, target, verb="moved")
             if incarnation not in (-1, inc):
@@ -430,7 +431,7 @@ class TreeCgroup:
                              hint="cgroup faults need root and a writable cgroup hierarchy") from None
         return self.path
 
-    def write(self, values: dict[str, str | int]) -> dict[str, str | None]:
+    def write(self, values: Mapping[str, str | int]) -> dict[str, str | None]:
         """Write each file in order, then read them all back.
 
         Returns:

@@ -100,6 +100,7 @@ class ClientAbort(Network):
     kind: ClassVar[str] = "client-abort"
     activity: ClassVar[str] = "abort_streams"
     Params: ClassVar[type[FaultParams]] = ClientAbortParams
+    params: ClientAbortParams  # type: ignore[assignment]  # ClientAbort still extends Network (see issue 18 note)
 
     def __init__(self, params: ClientAbortParams):
         super().__init__(params)     # type: ignore[arg-type]
@@ -115,6 +116,7 @@ class ClientAbort(Network):
         proxy tracks every stream from the load's first request (its count of streams in
         flight is then exact when the fault starts)."""
         super().prepare(ctx)
+        assert self.client is not None, "prepared without a proxy"
         self.client.add_toxic(self.proxy_name, self.params.toxic_json(self.toxic_name) | {"toxicity": 0.0})
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:

@@ -63,6 +63,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import psutil
@@ -164,9 +165,10 @@ class TokenRate:
         while not self._stop.is_set():
             t = time.monotonic()
             m = read_metrics(self.base_url, timeout_s=METRICS_TIMEOUT_S)
-            if m is not None and m[TOKENS_METRIC] is not None:
+            tokens = m[TOKENS_METRIC] if m is not None else None
+            if tokens is not None:
                 with self._lock:   # stamped on arrival: a starved server reads its counter late, not on the request
-                    self.samples.append((time.monotonic(), m[TOKENS_METRIC]))
+                    self.samples.append((time.monotonic(), tokens))
                     del self.samples[:-2000]
             self._stop.wait(max(0.0, POLL_S - (time.monotonic() - t)))
 
@@ -190,7 +192,7 @@ class TokenRate:
             self._thread.join(timeout=3)
 
 
-def _cpu_seconds(pids: list[tuple[int, float | None]]) -> float:
+def _cpu_seconds(pids: Sequence[tuple[int, float | None]]) -> float:
     """User+system CPU seconds of the processes that still are themselves."""
     total = 0.0
     for pid, ct in pids:
@@ -221,6 +223,7 @@ class CpuThrottle(Fault):
     activity: ClassVar[str] = "throttle_cpu"
     needs: ClassVar[tuple[str, ...]] = ("processes",)
     Params: ClassVar[type[FaultParams]] = CpuThrottleParams
+    params: CpuThrottleParams
 
     def __init__(self, params: CpuThrottleParams):
         super().__init__(params)
@@ -361,7 +364,7 @@ class CpuThrottle(Fault):
                 raise FaultError("cpu_fraction 1 leaves the duty cycle nothing to stop", where=target,
                                  hint="use a cpu_fraction below 1, or a host with writable cgroups")
             present = srv.roles() or {}
-            roles = p.roles or [r for r in ROLE_ORDER if present.get(r)]   # the whole tree: every role it has
+            roles: list[str] = list(p.roles) if p.roles else [r for r in ROLE_ORDER if present.get(r)]   # the whole tree
             for role in roles:
                 period_s = max(p.period_s, 1.01 * MIN_SLICE_S / min(p.cpu_fraction, 1 - p.cpu_fraction))
                 f = ProcessFreeze(ProcessFreezeParams(server=p.server, role=role, duty_cycle=1 - p.cpu_fraction,
@@ -383,6 +386,7 @@ class CpuThrottle(Fault):
             return
         if why := gpu.unavailable():
             raise FaultError(why, where="gpu_clocks_mhz" if p.gpu_clocks_mhz is not None else "power_limit_w")
+        assert self.facts is not None
         try:
             if p.gpu_clocks_mhz is not None:
                 self._gpu_locked = gpu.lock_clocks(p.gpu_clocks_mhz)
@@ -433,7 +437,7 @@ class CpuThrottle(Fault):
         stat_file = "cpu.stat"
         if cg is not None:
             s0 = _stat(cg.read([stat_file])[stat_file])
-            procs = [(pid, None) for pid in cg.procs()]
+            procs: list[tuple[int, float | None]] = [(pid, None) for pid in cg.procs()]
         else:
             s0 = {}
             procs = [(pid, ct) for pid, ct, _ in self._targets]
@@ -467,7 +471,7 @@ class CpuThrottle(Fault):
                 q, per = back.get("cpu.cfs_quota_us"), back.get("cpu.cfs_period_us")
                 ok_limit = q == values["cpu.cfs_quota_us"] and per == values["cpu.cfs_period_us"]
                 if ok_limit:
-                    obs["quota_read_back_cpus"] = round(int(q) / int(per), 4)
+                    obs["quota_read_back_cpus"] = round(int(q or 0) / int(per or 1), 4)
                 obs["throttled_s"] = round((s1.get("throttled_time", 0) - s0.get("throttled_time", 0)) / 1e9, 4)
             else:
                 raw = back.get("cpu.max") or ""
@@ -541,7 +545,7 @@ class CpuThrottle(Fault):
         asked = f.get("read_back") or {}
         if back != asked:
             return Evidence(False, obs, f"{target}: the engine reports {back}, not the limit asked {asked}")
-        obs["quota_read_back_cpus"] = round(back["cpu_quota_us"] / back["cpu_period_us"], 4)
+        obs["quota_read_back_cpus"] = round((back["cpu_quota_us"] or 0) / (back["cpu_period_us"] or 1), 4)
         if s0 is None or s1 is None:
             return Evidence(False, obs, f"{target}: the engine's CPU stats of {f.get('container_name')} are unreadable")
         span = s1[0] - s0[0]

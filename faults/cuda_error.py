@@ -226,6 +226,7 @@ class CudaError(Fault):
     activity: ClassVar[str] = "inject_cuda_error"
     needs: ClassVar[tuple[str, ...]] = ("supervision",)
     Params: ClassVar[type[FaultParams]] = CudaErrorParams
+    params: CudaErrorParams
 
     def __init__(self, params: CudaErrorParams):
         super().__init__(params)

@@ -64,7 +64,7 @@ from faults.process_freeze import read_metrics
 from faults.process_kill import server_of
 from harness.clock import now
 from harness.errors import FaultError, ModelError, SpecchaosError
-from harness.stack.capabilities import Respeculating
+from harness.stack.capabilities import Respeculating, Supervised
 from harness.stack.config import DRAFTLESS_METHODS, needs_draft
 from harness.stack.models import resolve_model
 
@@ -152,6 +152,7 @@ class DraftSwap(Fault):
     activity: ClassVar[str] = "swap_draft"
     needs: ClassVar[tuple[str, ...]] = ("respeculation", "supervision", "metrics")
     Params: ClassVar[type[FaultParams]] = DraftSwapParams
+    params: DraftSwapParams
 
     def __init__(self, params: DraftSwapParams):
         super().__init__(params)
@@ -239,6 +240,7 @@ class DraftSwap(Fault):
         p, f = self.params, self.facts
         target = self.describe_target(ctx)
         srv = server_of(ctx, p.server, target)
+        assert isinstance(srv, Supervised) and isinstance(srv, Respeculating), "validate checked the capabilities"
         wait_s = None if p.ready_timeout_s is None else max(0.0, p.ready_timeout_s - (now() - f["swapped_at"]))
         ready_at = srv.wait_for_incarnation(f["incarnation"], wait_s)
         obs: dict[str, Any] = {"old": f["old"], "new": dict(srv.speculative), "before": f["before"], "after": None,
@@ -364,7 +366,7 @@ class DraftSwap(Fault):
             log.info("%s: restore is false: the settings in force stay", self.describe_target(ctx))
             return
         srv = ctx.servers.get(p.server)
-        if srv is None:
+        if srv is None or not isinstance(srv, Respeculating) or not isinstance(srv, Supervised):
             return
         old = self.facts["old"]
         self._restored = True

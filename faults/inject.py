@@ -47,7 +47,7 @@ class InjectionContext:
     """
 
     stack: Stack | None
-    timeline: Timeline | None
+    timeline: Timeline   # None given: a timeline in memory (set in __post_init__)
     ledger: Ledger
     load_urls: dict[str, str] = field(default_factory=dict)
 

@@ -107,6 +107,7 @@ class KvPressure(Fault):
     activity: ClassVar[str] = "pressure_kv_cache"
     needs: ClassVar[tuple[str, ...]] = ("metrics",)
     Params: ClassVar[type[FaultParams]] = KvPressureParams
+    params: KvPressureParams
 
     def __init__(self, params: KvPressureParams):
         super().__init__(params)
@@ -225,8 +226,9 @@ class KvPressure(Fault):
             m = read_kv_metrics(f["base_url"])
             if m is not None:
                 after = m[PREEMPTIONS_METRIC]
-                if m[KV_USAGE_METRIC] is not None:
-                    usage_max = max(usage_max or 0.0, m[KV_USAGE_METRIC])
+                kv_usage = m[KV_USAGE_METRIC]
+                if kv_usage is not None:
+                    usage_max = max(usage_max or 0.0, kv_usage)
                 if after is not None and f["preemptions_before"] is not None and after > f["preemptions_before"]:
                     break
             if time.monotonic() >= deadline:

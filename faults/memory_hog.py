@@ -144,6 +144,7 @@ class MemoryHog(Fault):
     kind: ClassVar[str] = "memory-hog"
     activity: ClassVar[str] = "hog_memory"
     Params: ClassVar[type[FaultParams]] = MemoryHogParams
+    params: MemoryHogParams
 
     def __init__(self, params: MemoryHogParams):
         super().__init__(params)
@@ -170,9 +171,9 @@ class MemoryHog(Fault):
         total, available = host_memory()
         floor = int(p.min_available_gib * GIB)
         if p.size_gib is not None:
-            want = int(p.size_gib * GIB)
+            want = int((p.size_gib or 0) * GIB)
         else:
-            want = available - int(p.leave_free_gib * GIB)
+            want = available - int((p.leave_free_gib or 0) * GIB)
             if want <= 0:
                 raise FaultError(f"only {available / GIB:.2f} GiB available: leaving {p.leave_free_gib:g} GiB free "
                                  f"takes nothing", where=f"{self.kind}.leave_free_gib")

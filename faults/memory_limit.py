@@ -152,6 +152,7 @@ class MemoryLimit(Fault):
     activity: ClassVar[str] = "limit_memory"
     needs: ClassVar[tuple[str, ...]] = ("processes",)
     Params: ClassVar[type[FaultParams]] = MemoryLimitParams
+    params: MemoryLimitParams
 
     def __init__(self, params: MemoryLimitParams):
         super().__init__(params)
@@ -195,7 +196,7 @@ class MemoryLimit(Fault):
         elif p.limit_gib is not None:
             limit = int(p.limit_gib * GIB)
         else:
-            limit = int(p.usage_factor * used)
+            limit = int((p.usage_factor or 0) * used)
         limit = max(mmap.PAGESIZE, limit)
         self.facts = {"mechanism": "container", "limit_bytes": limit, "read_back": None, "container_usage_bytes": used,
                       "tree_rss_bytes": None, "pids": [], "create_times": [],
@@ -292,7 +293,7 @@ class MemoryLimit(Fault):
         elif p.limit_gib is not None:
             limit = int(p.limit_gib * GIB)
         else:
-            limit = int(p.usage_factor * rss)
+            limit = int((p.usage_factor or 0) * rss)
         limit = max(mmap.PAGESIZE, limit)
         self._cg = cgroup.TreeCgroup("memory", self.fault_id or f"{self.kind}-{uuid.uuid4().hex[:8]}")
         limit_file, _, _, lift = FILES[self._cg.h.version]

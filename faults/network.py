@@ -285,6 +285,7 @@ class Network(Fault):
     kind: ClassVar[str] = "network"
     activity: ClassVar[str] = "network_toxic"
     Params: ClassVar[type[FaultParams]] = NetworkParams
+    params: NetworkParams
 
     def __init__(self, params: NetworkParams):
         super().__init__(params)
@@ -397,7 +398,7 @@ class Network(Fault):
         added = st.get("added_ms") or {}
         obs = {"toxic": p.toxic, "server": p.server, "stream": p.stream, "toxicity": p.toxicity, "attributes": dict(a),
                "declared_added_latency_s": self.declared_added_latency_s(),
-               "measured_by": f"the fault proxy's /stats ({self.client.api})",
+               "measured_by": f"the fault proxy's /stats ({self.client.api if self.client else '?'})",
                "connections_affected": st.get("connections_affected", 0), "chunks": st.get("chunks", 0),
                "added_latency_ms": added, "bytes_dropped": st.get("bytes_dropped", 0),
                "bytes_cut": st.get("bytes_cut", 0), "connections_closed": st.get("closed", 0),
@@ -452,7 +453,8 @@ class Network(Fault):
         direct = [timed(f"http://{self.upstream}") for _ in range(5)]
         if None in via or None in direct:
             return Evidence(False, obs, "GET /health did not answer through the proxy or direct")
-        added = statistics.median(via) - statistics.median(direct)
+        added = statistics.median([v for v in via if v is not None]) - statistics.median(
+            [v for v in direct if v is not None])
         obs["added_latency_ms"] = {"p50": round(added, 3)}
         ok = added >= float(self.params.attributes.get("latency", 0)) / 2
         return Evidence(ok, obs, f"GET /health {added:.1f} ms slower through the toxiproxy proxy")

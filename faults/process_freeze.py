@@ -52,6 +52,7 @@ import logging
 import signal as signal_mod
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import httpx
@@ -151,7 +152,7 @@ def process_state(pid: int, create_time: float, cmdline: list[str] | None = None
         return None
 
 
-def resume(targets: list[tuple[int, float, list[str] | None]], timeout_s: float = RESUME_TIMEOUT_S) -> list[int]:
+def resume(targets: Sequence[tuple[int, float, list[str] | None]], timeout_s: float = RESUME_TIMEOUT_S) -> list[int]:
     """SIGCONT every recorded ``(pid, create_time, cmdline)`` that still is that process,
     then wait up to ``timeout_s`` until none is ``stopped``.
 
@@ -181,6 +182,7 @@ class ProcessFreeze(Fault):
     activity: ClassVar[str] = "freeze_process"
     needs: ClassVar[tuple[str, ...]] = ("processes",)
     Params: ClassVar[type[FaultParams]] = ProcessFreezeParams
+    params: ProcessFreezeParams
 
     def __init__(self, params: ProcessFreezeParams):
         super().__init__(params)
@@ -297,6 +299,7 @@ class ProcessFreeze(Fault):
         """Resume and stop the targets in turn until :meth:`clear` (or every target is
         gone). Boundaries are scheduled from ``t0`` (monotonic), so slices do not drift."""
         p = self.params
+        assert p.duty_cycle is not None
         stop_s = p.duty_cycle * p.period_s
         k = 0
         while True:

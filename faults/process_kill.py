@@ -248,8 +248,9 @@ class ProcessKill(Fault):
     kind: ClassVar[str] = "process-kill"
     activity: ClassVar[str] = "kill_process"
     needs: ClassVar[tuple[str, ...]] = ("processes",)   # + supervision to see a restart (expect_restart)
-    recovery_from: ClassVar[Literal["injected", "cleared"]] = "injected"   # the process died at the signal
+    recovery_from: Literal["injected", "cleared"] = "injected"   # the process died at the signal
     Params: ClassVar[type[FaultParams]] = ProcessKillParams
+    params: ProcessKillParams
 
     def __init__(self, params: ProcessKillParams):
         super().__init__(params)

@@ -382,7 +382,7 @@ def corrupt_events(events: list[bytes], rng: random.Random, attrs: CorruptAttrs,
 
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
     """Complete SSE events of ``buf`` (separated by a blank line, ``\\n\\n``), and the rest."""
-    events = []
+    events: list[bytes] = []
     while True:
         i = buf.find(b"\n\n")
         if i < 0:

@@ -167,7 +167,8 @@ def await_recovery(timeout_s: float | None = None) -> dict[str, Any]:
     run = recorded_run(read_records(s.records_path), [], s.timeline.select(), s.cfg)
     since = run.windows["recovery"][0] if "recovery" in run.windows else time.time()
     # Measured from the fault, exactly as the judge measures time_to_slo_s.
-    fault_t = run.recovery_time if run.faults else run.windows["fault"][0] if "fault" in run.windows else since
+    fault_t: float = (run.recovery_time if run.faults else None) or (
+        run.windows["fault"][0] if "fault" in run.windows else since)
     baseline = run.phases.get("baseline") or {}
 
     def load_records() -> list:

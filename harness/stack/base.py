@@ -60,6 +60,9 @@ class Stack(Protocol):
     speculative: dict[str, Any]   # {"method", "draft", "num_speculative_tokens"}
     servers: dict[str, Server]    # "spec" and, if configured, "ref"
 
+    def __init__(self, cfg: Any, run_dir: Any, timeline: Any = None) -> None:
+        """A stack for ``cfg`` (its ``stack`` block) writing under ``run_dir``, events to ``timeline``; starts nothing."""
+
     @classmethod
     def preflight(cls, cfg: Any, where: str) -> None:
         """Validate-time checks of a ``stack`` block for this launcher (``specchaos validate``

@@ -294,7 +294,7 @@ class SpeculationBreaker:
         if rate is None or cur.get("method") is None:
             return
         if rate >= cfg.hard_rejection:
-            new = {"method": None, "draft": None, "num_speculative_tokens": None}
+            new: dict[str, Any] = {"method": None, "draft": None, "num_speculative_tokens": None}
             self._act(t, "tripped", "hard", rate, drafted, new, 2, limit=cfg.hard_rejection)
             return
         if self.level == 0 and cfg.soft_rejection is not None and rate >= cfg.soft_rejection \
@@ -310,9 +310,10 @@ class SpeculationBreaker:
 
     def _route(self, t: float, name: str, event: str, reason: str) -> dict[str, Any]:
         """Send new requests to upstream ``name`` and record it (``router`` event ``event``)."""
+        assert self.router is not None, "route fallback without a router"
         ans = self.router.route(name)   # the caller holds the lock; a SpecchaosError propagates
         self.routed = name != self.cfg.server
-        ev = {"to": name, "url": self.router.upstreams.get(name), "switched_at": ans.get("switched_at"),
+        ev: dict[str, Any] = {"to": name, "url": self.router.upstreams.get(name), "switched_at": ans.get("switched_at"),
               "decided_t": t, "reason": reason}
         log.warning("router: new requests to %s (%s): %s", name, ev["url"], reason)
         if self.timeline is not None:
@@ -348,7 +349,7 @@ class SpeculationBreaker:
             self._ours = None   # back to the original settings: watch them afresh
             self._base = None
         self.window.reset()
-        ev = {"level": level, "breach_t": t, "rejection_rate": None if rate is None else round(rate, 4),
+        ev: dict[str, Any] = {"level": level, "breach_t": t, "rejection_rate": None if rate is None else round(rate, 4),
               "limit": limit, "window_s": self.cfg.window_s, "draft_tokens": drafted, "old": old, "new": new,
               "incarnation": inc, "mechanism": "route" if routing else "restart"}
         if routing:

@@ -82,6 +82,14 @@ class Supervised(Protocol):
 class Respeculating(Protocol):
     """A server that can be restarted with other speculative settings (draft swap, circuit breaker)."""
 
+    #: The speculative settings it was started with (``{"method", "draft", "num_speculative_tokens"}``).
+    configured_speculative: dict[str, Any]
+
+    @property
+    def speculative(self) -> dict[str, Any]:
+        """The speculative settings in force (method None: plain decoding)."""
+        ...
+
     def respeculate(self, method: str | None, draft: str | os.PathLike | None = None,
                     num_speculative_tokens: int | None = None, *, reason: str = "") -> int:
         """Planned restart with the new settings; the new incarnation's number."""

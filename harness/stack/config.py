@@ -142,8 +142,9 @@ class StackConfig(_Strict):
         method = info.data.get("method")
         if method is None:   # the method itself was invalid: reported there
             return v
-        settings = {"draft": info.data.get("draft"), "prompt_lookup_min": info.data.get("prompt_lookup_min"),
-                    "prompt_lookup_max": info.data.get("prompt_lookup_max"), info.field_name: v}
+        settings: dict[str, Any] = {"draft": info.data.get("draft"),
+                                    "prompt_lookup_min": info.data.get("prompt_lookup_min"),
+                                    "prompt_lookup_max": info.data.get("prompt_lookup_max"), str(info.field_name): v}
         if info.field_name == "prompt_lookup_min":
             settings["prompt_lookup_max"] = None   # not validated yet: judged at its own field
         for field, message in speculative_problems(method, **settings):

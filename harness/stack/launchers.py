@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any
+from typing import Any, cast
 
 from harness.errors import SpecchaosError
+from harness.stack.base import Stack
 from harness.timeline import Timeline
 
 __all__ = ["LAUNCHERS", "ENV_VAR", "launcher_names", "register_launcher", "launcher_class", "make_stack"]
@@ -57,7 +58,7 @@ def register_launcher(name: str, stack_class: Any) -> None:
     LAUNCHERS[name] = stack_class
 
 
-def launcher_class(name: str) -> type:
+def launcher_class(name: str) -> "type[Stack]":
     """The Stack class registered as ``name``.
 
     Raises:
@@ -77,7 +78,7 @@ def launcher_class(name: str) -> type:
             raise SpecchaosError(f"launcher {name!r} cannot be loaded from {LAUNCHERS[name]!r}: {exc}",
                                  where="configuration.specchaos.stack.launcher") from None
         LAUNCHERS[name] = entry
-    return entry
+    return cast("type[Stack]", entry)
 
 
 def make_stack(cfg: Any, run_dir: str | os.PathLike, timeline: Timeline | None = None) -> Any:

@@ -163,14 +163,14 @@ class LocalStack:
     summary = "starts vLLM as local processes"
     #: The server class; a launcher that runs something else under the same supervision
     #: (a fake vLLM in tests) only overrides this.
-    server_class: type[LocalServer] = LocalServer
+    server_class: type[VllmServer] = LocalServer
 
     def __init__(self, cfg: StackConfig, run_dir: str | os.PathLike, timeline: Timeline | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.timeline = timeline
         self.vllm_version = vllm.installed_vllm_version()
-        self.servers: dict[str, LocalServer] = {}
+        self.servers: dict[str, VllmServer] = {}
         draft: str | None = None
         if needs_draft(cfg.method) and cfg.draft:
             try:   # the resolved directory when it exists; start() re-checks it anyway
@@ -253,7 +253,7 @@ class LocalStack:
         log.info("stack ready in %.1f s: %s", time.monotonic() - t0,
                  ", ".join(f"{n}={s.base_url}" for n, s in self.servers.items()))
 
-    def new_server(self, name: str, model_dir: Path, **kw: Any) -> LocalServer:
+    def new_server(self, name: str, model_dir: Path, **kw: Any) -> VllmServer:
         """One server of the stack (``kw`` as :class:`LocalServer`); a launcher that runs
         something else under the same supervision overrides :attr:`server_class` or this."""
         return self.server_class(name, model_dir, **kw)

@@ -175,7 +175,8 @@ async def _serve(router: _Router, host: str, port: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=256)
     await site.start()
-    lh, lp = site._server.sockets[0].getsockname()[:2]   # the bound port (0 asked: the kernel's pick)
+    bound = getattr(site._server, "sockets", None) or []
+    lh, lp = bound[0].getsockname()[:2]   # the bound port (0 asked: the kernel's pick)
     print(json.dumps({"listen": f"{lh}:{lp}", "pid": os.getpid()}), flush=True)
     try:
         await asyncio.Event().wait()

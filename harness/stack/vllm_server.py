@@ -72,6 +72,9 @@ class VllmServer(SupervisedServer):
             target directory's parent).
     """
 
+    #: The speculative settings it was started with (see :attr:`speculative`).
+    configured_speculative: dict[str, Any]
+
     def __init__(
         self,
         name: str,

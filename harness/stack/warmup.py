@@ -194,7 +194,7 @@ def warm_server(server: _Served, batches: Sequence[WarmupBatch], *, deadline: fl
             failed += oks.count(False)
             if b.logprobs and first_logprobs_s is None:
                 first_logprobs_s = round(time.monotonic() - tb, 3)
-    data = {"server": server.name, "seconds": round(time.monotonic() - t0, 3), "requests": sent,
+    data: dict[str, Any] = {"server": server.name, "seconds": round(time.monotonic() - t0, 3), "requests": sent,
             "failed": failed, "skipped": skipped, "first_logprobs_s": first_logprobs_s}
     if failed or skipped:
         log.warning("warm-up of %s: %d of %d requests failed, %d skipped (budget spent)",

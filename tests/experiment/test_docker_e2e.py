@@ -2,11 +2,12 @@
 one of ci/docker-engine.sh), real containers running the real vLLM (tiny models, CPU) from
 the host-root image, real ``docker kill``, ``docker pause`` and ``container.update``.
 
-One docker stack for the module (spec and ref, two containers), started by the session's
-pool for the default experiment run with ``stack.launcher: docker`` (the file otherwise
-unchanged, as ``--launcher docker`` does), then borrowed for the container mechanisms, and
-stopped at the module's end so the shared local stack never runs beside it. Then cleanup
-after a SIGKILL of a harness that runs the Docker launcher.
+One docker stack for the module (spec and ref, two containers: the default experiment's
+stack with ``stack.launcher: docker``), started by the session's pool, borrowed for the
+container mechanisms and stopped at the module's end, so the shared local stack never runs
+beside it; then cleanup after a SIGKILL of a harness that runs the Docker launcher. The
+default experiment itself on the Docker launcher (as ``--launcher docker`` runs it) is in
+the nightly tier (about 200 s here with its stack start; make test's budget).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def docker_variant(tmp: Path, name: str = "kill-docker", **spec_changes) -> Path
 
 
 @pytest.fixture(scope="module")
+def docker_config(docker_engine, tmp_path_factory):
+    """The default experiment's ``stack`` block with ``launcher: docker`` (as validated)."""
+    return load_experiment(docker_variant(tmp_path_factory.mktemp("docker-cfg"))).cfg.stack
+
+
+@pytest.fixture(scope="module")
 def docker_run(docker_engine, tmp_path_factory, specchaos_pool):
     """The default experiment (CI form) on the Docker launcher, in this process through the
     runner, its stack started (and kept) by the session's pool."""
@@ -64,10 +71,11 @@ def docker_run(docker_engine, tmp_path_factory, specchaos_pool):
 
 
 @pytest.fixture(scope="module")
-def docker_stack(docker_run, specchaos_pool, tmp_path_factory):
-    """The pooled docker stack the run used, borrowed for direct fault tests, then taken out
-    of the pool and stopped (its containers removed) at the module's end."""
-    cfg = load_experiment(docker_run["exp"]).cfg.stack
+def docker_stack(docker_config, specchaos_pool, tmp_path_factory):
+    """A pooled docker stack (the one the experiment's run used when it ran first), borrowed
+    for direct fault tests, then taken out of the pool and stopped (its containers removed)
+    at the module's end."""
+    cfg = docker_config
     run_dir = tmp_path_factory.mktemp("docker-faults")
     timeline = Timeline(run_dir / "timeline.jsonl")
     stack = specchaos_pool.acquire(cfg, run_dir, timeline)
@@ -130,6 +138,7 @@ class Load:
 
 # ------------------------------------------------------------------ the experiment, unchanged but the launcher
 
+@pytest.mark.nightly
 def test_the_default_experiment_passes_on_the_docker_launcher(docker_run):
     rep = docker_run["report"]
     failed = [c for c in rep["checks"] if c["passed"] is False]
@@ -144,6 +153,7 @@ def test_the_default_experiment_passes_on_the_docker_launcher(docker_run):
     print(f"docker launcher: kill-draft-worker (CI form) wall {docker_run['wall_s']:.0f} s, recovery {rec}")
 
 
+@pytest.mark.nightly
 def test_the_server_log_and_the_allure_environment_name_the_container_launcher(docker_run):
     log = (docker_run["out"] / "logs" / "spec-server.log").read_text(errors="replace")
     assert "# specchaos: spec incarnation 1 starting" in log and "vllm" in log.lower()   # both containers' output
@@ -159,6 +169,9 @@ def test_the_server_log_and_the_allure_environment_name_the_container_launcher(d
 
 def test_a_role_is_found_by_host_pid_and_frozen_inside_its_container(docker_stack, injector):
     spec = docker_stack.servers["spec"]
+    assert docker_stack.launcher == "docker" and spec.container_name().startswith("specchaos-spec-")
+    log = spec.log_file().read_text(errors="replace")
+    assert "# specchaos: spec incarnation 0 starting" in log and "vllm" in log.lower()   # the container's output
     roles = spec.roles()
     assert all(roles[r] for r in ("api", "engine", "worker")), roles
     init = spec.container().attrs["State"]["Pid"]
@@ -259,7 +272,7 @@ def test_cleanup_after_a_sigkill_removes_the_harness_containers_and_no_other(doc
                                     mounts=[docker.types.Mount("/usr", "/usr", type="bind", read_only=True)])
     state = tmp_path / "state"
     env = dict(os.environ, SPECCHAOS_STATE_DIR=str(state), PYTHONUNBUFFERED="1")
-    exp = docker_variant(tmp_path, reference=False)
+    exp = docker_variant(tmp_path)
     harness = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(exp), "--out", str(tmp_path / "out")],
                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     label = [f"{LABEL_PREFIX}.state_dir={state.resolve()}"]
