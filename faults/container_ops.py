@@ -28,6 +28,7 @@ import docker.errors
 
 from harness.errors import FaultError
 from harness.stack.capabilities import Containerised
+from harness.stack.container_cleanup import engine_address
 
 __all__ = ["container_of", "identity", "client_for", "kill", "pause", "unpause", "paused", "limit_cpu", "lift_cpu",
            "limit_memory", "lift_memory", "host_config", "cpu_stats", "memory_usage", "CPU_PERIOD_US",
@@ -60,7 +61,7 @@ def container_of(srv: Any, server: str, target: str) -> Any:
 
 def identity(c: Any) -> dict[str, Any]:
     """``{"container": id, "container_name": str, "engine": URL}`` of container ``c`` (ledger facts)."""
-    return {"container": c.id, "container_name": c.name, "engine": c.client.api.base_url}
+    return {"container": c.id, "container_name": c.name, "engine": engine_address()}
 
 
 def client_for(facts: dict[str, Any]) -> docker.DockerClient:

@@ -58,7 +58,7 @@ from harness import state
 from harness.errors import StackError
 from harness.stack import procs, vllm
 from harness.stack.config import DockerConfig, StackConfig
-from harness.stack.container_cleanup import LABEL_PREFIX
+from harness.stack.container_cleanup import LABEL_PREFIX, engine_address
 from harness.stack.docker_engine import engine_client, ensure_image, host_mounts
 from harness.stack.local import LocalStack
 from harness.stack.preflight import check_stack
@@ -132,7 +132,7 @@ class ContainerIncarnation(Incarnation):
         except docker.errors.APIError as exc:
             raise StackError(f"the Docker engine refused to create container {name}: {exc.explanation or exc}",
                              where=f"image {image}", hint="check stack.docker and `docker info`") from None
-        state.register_container(self.container.id, name, client.api.base_url)
+        state.register_container(self.container.id, name, engine_address())
         try:
             self.container.start()
             self.container.reload()

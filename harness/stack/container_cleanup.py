@@ -39,6 +39,13 @@ LABEL_PREFIX = "io.specchaos"
 _ERRORS = (docker.errors.DockerException, OSError)
 
 
+def engine_address() -> str:
+    """The address of the engine ``$DOCKER_HOST`` names (the SDK's default socket when unset),
+    as recorded in run state and ledger facts (the SDK's own ``base_url`` of a unix socket,
+    ``http+docker://localhost``, cannot be reached again)."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
 def _client(engine: str | None) -> docker.DockerClient | None:
     """A client of ``engine`` (None: ``$DOCKER_HOST``) that answers a ping, or None."""
     if engine is None and not os.environ.get("DOCKER_HOST"):
