@@ -102,7 +102,7 @@ def test_unknown_role(tmp_path, no_new_processes, models_built):
     d = doc()
     d["method"][0]["provider"]["arguments"]["role"] = "drafter"
     res = cli("run", str(write(tmp_path, d)), "--out", str(tmp_path / "o"))
-    assert_one_line_error(res, "method[0].provider.arguments.role", "'api', 'engine' or 'worker'")
+    assert_one_line_error(res, "method[0].provider.arguments.role", "'api', 'engine', 'worker' or 'container'")
 
 
 def test_unknown_role_through_the_generic_alias(tmp_path, no_new_processes, models_built):

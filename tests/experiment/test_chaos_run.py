@@ -148,7 +148,7 @@ def test_chaos_run_refuses_a_bad_experiment_in_one_line(tmp_path, monkeypatch):
     res = chaos(tmp_path, "run", "--journal-path", str(tmp_path / "journal.json"), str(write(tmp_path, d)))
     assert res.exit_code == 1, res.output
     lines = [ln for ln in res.output.splitlines() if "method[0].provider.arguments.role" in ln]
-    assert len(lines) == 1 and "Input should be 'api', 'engine' or 'worker'" in lines[0], res.output
+    assert len(lines) == 1 and "Input should be 'api', 'engine', 'worker' or 'container'" in lines[0], res.output
     journal = json.loads((tmp_path / "journal.json").read_text())
     assert journal["status"] == "interrupted" and journal["specchaos"]["verdict"] == "error"
     assert "method[0].provider.arguments.role" in journal["specchaos"]["errors"][0]

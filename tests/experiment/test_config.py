@@ -32,8 +32,8 @@ def test_one_draft_rule(method, needs):
 
 
 def test_unknown_launcher_is_refused_and_a_registered_one_accepted():
-    with pytest.raises(ValidationError, match="unknown launcher 'docker'"):
-        StackConfig(launcher="docker")
+    with pytest.raises(ValidationError, match="unknown launcher 'kubernetes'"):
+        StackConfig(launcher="kubernetes")
     register_launcher("docker-test", "harness.stack.local:LocalStack")
     register_launcher("ghost-test", "nowhere:Nothing")
     try:

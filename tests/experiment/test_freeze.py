@@ -29,7 +29,7 @@ def freeze_doc(**arguments) -> dict:
     ({"duty_cycle": 1.5}, ["method[0].provider.arguments.duty_cycle", "less than 1"]),
     ({"duty_cycle": 0}, ["method[0].provider.arguments.duty_cycle", "greater than 0"]),
     ({"duty_cycle": 0.5, "period_s": 0.01}, ["method[0].provider.arguments.period_s", "lengthen period_s"]),
-    ({"role": "drafter"}, ["method[0].provider.arguments.role", "'api', 'engine' or 'worker'"]),
+    ({"role": "drafter"}, ["method[0].provider.arguments.role", "'api', 'engine', 'worker' or 'container'"]),
 ])
 def test_bad_freeze_arguments_are_one_line_and_nothing_is_applied(tmp_path, models_built, arguments, needles):
     res = cli("run", str(write(tmp_path, freeze_doc(**arguments))), "--out", str(tmp_path / "o"))
