@@ -50,7 +50,8 @@ from typing import Any, cast
 
 import psutil
 
-from faults.process_kill import Recorded, cmdline_of, record_role, same_process
+from faults.targets import record_role
+from harness.stack.procs import Recorded, cmdline_of, same_process
 from harness.errors import FaultError
 from harness.stack.base import Server
 

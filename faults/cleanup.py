@@ -37,10 +37,10 @@ from typing import Any
 import psutil
 
 from faults.ledger import Ledger
-from faults.process_kill import same_process, send_signal_exact
 from faults.registry import REGISTRY
 from harness import state as run_state
 from harness.stack import container_cleanup
+from harness.stack.procs import same_process, send_signal_exact
 
 log = logging.getLogger(__name__)
 

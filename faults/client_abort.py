@@ -46,7 +46,7 @@ from pydantic import Field
 
 from faults.base import Evidence, FaultContext, FaultParams
 from faults.network import ListenPort, Network
-from faults.process_freeze import RUNNING_METRIC, read_metrics
+from faults.engine_metrics import RUNNING_METRIC, read_metrics
 from harness.clock import now
 from harness.errors import FaultError
 

@@ -72,12 +72,14 @@ from pydantic import Field, model_validator
 
 from faults import cgroup, container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_freeze import MIN_SLICE_S, ProcessFreeze, ProcessFreezeParams, TOKENS_METRIC, read_metrics
-from faults.process_kill import Recorded, same_process, server_of
+from faults.duty_cycle import MIN_SLICE_S, StopCycle, resume_facts
+from faults.engine_metrics import TOKENS_METRIC, read_metrics
+from faults.targets import record_role, server_of
 from harness import gpu
 from harness.clock import now
 from harness.errors import FaultError
 from harness.stack.capabilities import Containerised
+from harness.stack.procs import Recorded, same_process
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +231,7 @@ class CpuThrottle(Fault):
         super().__init__(params)
         self.facts: dict[str, Any] | None = None
         self._cg: cgroup.TreeCgroup | None = None
-        self._freezes: list[ProcessFreeze] = []
+        self._stop_cycles: list[StopCycle] = []   # mechanism duty_cycle: one per role
         self._tokens: TokenRate | None = None
         self._injected_mono: float | None = None
         self._targets: list[Recorded] = []
@@ -367,11 +369,18 @@ class CpuThrottle(Fault):
             roles: list[str] = list(p.roles) if p.roles else [r for r in ROLE_ORDER if present.get(r)]   # the whole tree
             for role in roles:
                 period_s = max(p.period_s, 1.01 * MIN_SLICE_S / min(p.cpu_fraction, 1 - p.cpu_fraction))
-                f = ProcessFreeze(ProcessFreezeParams(server=p.server, role=role, duty_cycle=1 - p.cpu_fraction,
-                                                      period_s=period_s))
-                self._freezes.append(f)
-                f.inject(ctx)
-            self.facts["freezes"] = [f.facts for f in self._freezes]
+                role_target = f"{p.server}/{role}"
+                role_incarnation, role_procs = record_role(srv, p.server, role, role_target, verb="stopped")
+                cycle = StopCycle(role_target, 1 - p.cpu_fraction, period_s)
+                self._stop_cycles.append(cycle)
+                stopped_at = now()
+                if not cycle.start(role_procs, role_target):
+                    raise FaultError(f"every {role} process of server {p.server} went away before the signal",
+                                     where=role_target, hint="the server may be restarting; inject once it is ready")
+                self.facts["freezes"] = [*(self.facts["freezes"] or []),
+                                         {**cycle.facts(), "role": role, "duty_cycle": 1 - p.cpu_fraction,
+                                          "period_s": period_s, "incarnation": role_incarnation,
+                                          "stopped_at": stopped_at}]
             self._targets = [(pid, ct, cmd) for ff in self.facts["freezes"]
                              for pid, ct, cmd in zip(ff["pids"], ff["create_times"], ff["cmdlines"])]
         self._apply_gpu()
@@ -588,12 +597,12 @@ class CpuThrottle(Fault):
                 self._cg = None
             except FaultError as exc:
                 errors.append(exc.one_line())
-        for f in list(self._freezes):
-            try:
-                f.clear(ctx)
-                self._freezes.remove(f)
-            except FaultError as exc:
-                errors.append(exc.one_line())
+        for cycle in list(self._stop_cycles):
+            left = cycle.release()
+            if left:
+                errors.append(f"{cycle.name}: pids {left} still stopped after SIGCONT")
+            else:
+                self._stop_cycles.remove(cycle)
         errors += _restore_gpu(self._gpu_locked, self._gpu_power)
         self._gpu_locked, self._gpu_power = [], {}
         if self._tokens is not None:
@@ -634,8 +643,9 @@ class CpuThrottle(Fault):
                 errors.append(exc.one_line())
         for ff in facts.get("freezes") or []:
             try:
-                ProcessFreeze.recover({"facts": ff})
-            except (RuntimeError, PermissionError) as exc:
+                if left := resume_facts(ff):
+                    errors.append(f"pids {left} still stopped after SIGCONT")
+            except PermissionError as exc:
                 errors.append(str(exc))
         locked = facts.get("gpu_locked") or []
         power = {int(k): float(v) for k, v in (facts.get("gpu_power_restore_w") or {}).items()}

@@ -76,7 +76,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_kill import server_of
+from faults.targets import server_of
 from harness import gpu
 from harness.clock import now
 from harness.errors import FaultError, SpecchaosError

@@ -60,8 +60,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_freeze import read_metrics
-from faults.process_kill import server_of
+from faults.engine_metrics import read_metrics
+from faults.targets import server_of
 from harness.clock import now
 from harness.errors import FaultError, ModelError, SpecchaosError
 from harness.stack.capabilities import Respeculating, Supervised
@@ -84,7 +84,7 @@ Method = Literal["draft_model", "ngram", "eagle", "eagle3", "mtp", "none"]
 
 def acceptance(before: dict[str, float | None] | None, after: dict[str, float | None] | None) -> dict[str, Any]:
     """Acceptance between two reads of the spec-decode counters (``{metric: value}``, as
-    :func:`faults.process_freeze.read_metrics` returns them; ``before`` None: from zero).
+    :func:`faults.engine_metrics.read_metrics` returns them; ``before`` None: from zero).
 
     Returns:
         ``{"drafts", "draft_tokens", "accepted_tokens"`` (deltas), ``"acceptance_rate"``

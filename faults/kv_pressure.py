@@ -49,8 +49,8 @@ import httpx
 from pydantic import Field
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_freeze import read_metrics
-from faults.process_kill import server_of
+from faults.engine_metrics import read_metrics
+from faults.targets import server_of
 from harness.errors import FaultError
 from harness.net import is_allowed_host
 
@@ -96,7 +96,7 @@ def pressure_prompt(tokens: int) -> str:
 
 def read_kv_metrics(base_url: str, timeout_s: float = 1.0) -> dict[str, float | None] | None:
     """``{PREEMPTIONS_METRIC, KV_USAGE_METRIC}`` from ``base_url``'s ``/metrics``
-    (:func:`faults.process_freeze.read_metrics`), or None when it did not answer."""
+    (:func:`faults.engine_metrics.read_metrics`), or None when it did not answer."""
     return read_metrics(base_url, timeout_s, names=(PREEMPTIONS_METRIC, KV_USAGE_METRIC))
 
 

@@ -56,9 +56,9 @@ import psutil
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_kill import cmdline_of, same_process, send_signal_exact
 from harness import state
 from harness.errors import FaultError
+from harness.stack.procs import cmdline_of, same_process, send_signal_exact
 
 log = logging.getLogger(__name__)
 

@@ -55,11 +55,12 @@ from pydantic import Field, field_validator, model_validator
 
 from faults import cgroup, container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_freeze import TOKENS_METRIC, read_metrics
-from faults.process_kill import Recorded, same_process, server_of
+from faults.engine_metrics import TOKENS_METRIC, read_metrics
+from faults.targets import server_of
 from harness.clock import now
 from harness.errors import FaultError
 from harness.stack.capabilities import Containerised, ProcessRoles, Supervised
+from harness.stack.procs import Recorded, same_process
 
 log = logging.getLogger(__name__)
 

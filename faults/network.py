@@ -47,7 +47,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -65,13 +64,13 @@ import psutil
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_kill import same_process, send_signal_exact
 from faults.toxics import TOXIC_TYPES, LatencyAttrs, attributes_error, max_chunk_delay_s
 from harness import state as run_state
 from harness.errors import FaultError
 from harness.net import LOOPBACK_HINT, is_loopback_host
 from harness.proc import end_process, start_announced
 from harness.ports import port_in_use
+from harness.stack.procs import same_process, send_signal_exact
 
 log = logging.getLogger(__name__)
 

@@ -49,44 +49,30 @@ Example (the typed Chaos Toolkit action generated for this family)::
 from __future__ import annotations
 
 import logging
-import signal as signal_mod
-import threading
 import time
-from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-import httpx
 import psutil
 from docker import errors as docker_errors
 from pydantic import Field, ValidationInfo, field_validator
 
 from faults import container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.process_kill import record_role, same_process, send_signal_exact, server_of, signal_recorded
+from faults.duty_cycle import StopCycle, resume_facts, slice_error
+from faults.engine_metrics import METRICS_TIMEOUT_S, RUNNING_METRIC, TOKENS_METRIC, read_metrics
+from faults.targets import record_role, server_of
 from harness.clock import now
 from harness.errors import FaultError
-from harness.metrics.prometheus import sample_total
 from harness.stack.base import Server
 
 log = logging.getLogger(__name__)
 
-#: The counter of output tokens the evidence reads (vLLM v1, per engine and model).
-TOKENS_METRIC = "vllm:generation_tokens_total"
-#: The gauge of requests in the engine's running batch, reported next to the evidence.
-RUNNING_METRIC = "vllm:num_requests_running"
 #: Seconds the evidence watches a full freeze (token counter and process state).
 EVIDENCE_WINDOW_S = 2.0
 #: Seconds after the stop before the first counter read: outputs already on their way
 #: from the engine when the stop hit are counted before the window, not in it.
 SETTLE_S = 0.2
-#: Shortest stopped or running slice of a duty cycle (seconds).
-MIN_SLICE_S = 0.02
-#: Seconds :meth:`ProcessFreeze.clear` and :meth:`ProcessFreeze.recover` wait for the
-#: resumed processes to leave the ``stopped`` state.
-RESUME_TIMEOUT_S = 2.0
-
 _POLL_S = 0.02
-_METRICS_TIMEOUT_S = 1.0
 
 
 class ProcessFreezeParams(FaultParams):
@@ -119,60 +105,9 @@ class ProcessFreezeParams(FaultParams):
     @classmethod
     def _slices(cls, v: float, info: ValidationInfo) -> float:
         duty = info.data.get("duty_cycle")
-        if duty is not None and min(duty * v, (1 - duty) * v) < MIN_SLICE_S:
-            raise ValueError(f"a duty cycle of {duty:g} over {v:g} s makes a slice shorter than {MIN_SLICE_S:g} s; "
-                             f"lengthen period_s")
+        if duty is not None and (why := slice_error(duty, v)):
+            raise ValueError(why)
         return v
-
-
-def read_metrics(base_url: str, timeout_s: float = _METRICS_TIMEOUT_S,
-                 names: tuple[str, ...] = (TOKENS_METRIC, RUNNING_METRIC)) -> dict[str, float | None] | None:
-    """``{name: float|None}`` for each of ``names`` (default :data:`TOKENS_METRIC` and
-    :data:`RUNNING_METRIC`; summed over labels, None where absent) from ``base_url``'s
-    ``/metrics`` (a loopback URL of the stack), or None when it did not answer 200
-    within ``timeout_s`` seconds. Every fault that reads a server's counters uses it."""
-    try:
-        with httpx.Client(trust_env=False, verify=False, timeout=timeout_s) as client:   # loopback: no proxy, no TLS
-            r = client.get(f"{base_url}/metrics")
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
-        return None
-    return {name: sample_total(r.text, name) for name in names}
-
-
-def process_state(pid: int, create_time: float, cmdline: list[str] | None = None) -> str | None:
-    """psutil's status of the recorded process (``"stopped"``, ``"running"``, ``"sleeping"``...),
-    or None when it is gone or its pid now belongs to another process."""
-    if not same_process(pid, create_time, cmdline):
-        return None
-    try:
-        return psutil.Process(pid).status()
-    except psutil.Error:
-        return None
-
-
-def resume(targets: Sequence[tuple[int, float, list[str] | None]], timeout_s: float = RESUME_TIMEOUT_S) -> list[int]:
-    """SIGCONT every recorded ``(pid, create_time, cmdline)`` that still is that process,
-    then wait up to ``timeout_s`` until none is ``stopped``.
-
-    Returns:
-        The pids still stopped at the end (normally none).
-
-    Raises:
-        PermissionError: a process may not be signalled by this user.
-    """
-    for pid, ct, cmd in targets:
-        send_signal_exact(pid, ct, signal_mod.SIGCONT, cmd)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = [pid for pid, ct, cmd in targets if process_state(pid, ct, cmd) == psutil.STATUS_STOPPED]
-        if not left or time.monotonic() >= deadline:
-            return left
-        for pid, ct, cmd in targets:   # a SIGSTOP that raced the first SIGCONT
-            if pid in left:
-                send_signal_exact(pid, ct, signal_mod.SIGCONT, cmd)
-        time.sleep(_POLL_S)
 
 
 class ProcessFreeze(Fault):
@@ -187,12 +122,7 @@ class ProcessFreeze(Fault):
     def __init__(self, params: ProcessFreezeParams):
         super().__init__(params)
         self.facts: dict[str, Any] | None = None
-        self._targets: list[tuple[int, float, list[str]]] = []   # every process this fault stopped
-        self._lock = threading.RLock()          # signals: the cycle thread against clear()
-        self._done = threading.Event()          # set by clear(): the cycle thread stops signalling
-        self._cycle: threading.Thread | None = None
-        self._slices = threading.Condition()
-        self._stopped_slices: list[tuple[float, float]] = []   # monotonic (start, planned end) per stopped slice
+        self._stops: StopCycle | None = None    # the processes this fault stopped (and its duty cycle)
         self._container: Any = None             # role container: the paused container
 
     def describe_target(self, ctx: FaultContext) -> str:
@@ -246,16 +176,6 @@ class ProcessFreeze(Fault):
                                         f"{obs['window_s']:.2f} s window")
         return Evidence(True, obs, f"{head}: paused throughout, /metrics unanswered for {obs['window_s']:.2f} s")
 
-    def _signal_all(self, signum: int) -> int:
-        """Send ``signum`` to every target still alive (pid-reuse safe); how many got it."""
-        n = 0
-        for pid, ct, cmd in self._targets:
-            try:
-                n += bool(send_signal_exact(pid, ct, signum, cmd))
-            except PermissionError:
-                log.error("not permitted to signal pid %d", pid)
-        return n
-
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         """SIGSTOP every process of the role; with a duty cycle, start the thread that
         resumes and stops them in turn.
@@ -275,70 +195,16 @@ class ProcessFreeze(Fault):
         if p.role == "container":
             return self._pause(ctx, target)
         incarnation, recorded = record_role(self._server(ctx), p.server, p.role, target, verb="stopped")
-        with self._lock:
-            signal_recorded(recorded, signal_mod.SIGSTOP, target, into=self._targets)
-            if not self._targets:
-                raise FaultError(f"every {p.role} process of server {p.server} went away before the signal",
-                                 where=target, hint="the server may be restarting; inject once it is ready")
-            stopped_at, t0 = now(), time.monotonic()
-            with self._slices:
-                self._stopped_slices.append((t0, t0 + p.duty_cycle * p.period_s if p.duty_cycle else float("inf")))
-        log.info("stopped %s (pids %s)%s", target, [t[0] for t in self._targets],
+        self._stops = StopCycle(target, p.duty_cycle, p.period_s)
+        stopped_at = now()
+        if not self._stops.start(recorded, target):
+            raise FaultError(f"every {p.role} process of server {p.server} went away before the signal",
+                             where=target, hint="the server may be restarting; inject once it is ready")
+        log.info("stopped %s (pids %s)%s", target, self._stops.facts()["pids"],
                  f", duty cycle {p.duty_cycle:g} of {p.period_s:g} s" if p.duty_cycle else "")
-        if p.duty_cycle:
-            self._cycle = threading.Thread(target=self._run_cycle, args=(t0,), name=f"freeze-{target}", daemon=True)
-            self._cycle.start()
-        self.facts = {
-            "pids": [t[0] for t in self._targets], "create_times": [t[1] for t in self._targets],
-            "cmdlines": [t[2] for t in self._targets], "role": p.role, "duty_cycle": p.duty_cycle,
-            "period_s": p.period_s, "incarnation": incarnation, "stopped_at": stopped_at,
-        }
+        self.facts = {**self._stops.facts(), "role": p.role, "duty_cycle": p.duty_cycle,
+                      "period_s": p.period_s, "incarnation": incarnation, "stopped_at": stopped_at}
         return dict(self.facts)
-
-    def _run_cycle(self, t0: float) -> None:
-        """Resume and stop the targets in turn until :meth:`clear` (or every target is
-        gone). Boundaries are scheduled from ``t0`` (monotonic), so slices do not drift."""
-        p = self.params
-        assert p.duty_cycle is not None
-        stop_s = p.duty_cycle * p.period_s
-        k = 0
-        while True:
-            start = t0 + k * p.period_s
-            if self._done.wait(max(0.0, start + stop_s - time.monotonic())):
-                return
-            with self._lock:
-                if self._done.is_set():
-                    return
-                self._signal_all(signal_mod.SIGCONT)
-            k += 1
-            if self._done.wait(max(0.0, t0 + k * p.period_s - time.monotonic())):
-                return
-            with self._lock:
-                if self._done.is_set():
-                    return
-                stopped = self._signal_all(signal_mod.SIGSTOP)
-                at = time.monotonic()
-            if not stopped:
-                log.warning("%s/%s: every frozen process is gone; duty cycle ended", p.server, p.role)
-                return
-            with self._slices:
-                self._stopped_slices.append((at, t0 + k * p.period_s + stop_s))
-                self._slices.notify_all()
-
-    def _stopped_slice(self, deadline: float) -> tuple[float, float] | None:
-        """A stopped stretch to measure in, monotonic ``(start, planned end)``: the
-        current one if at least half of it is left, else the next (None at ``deadline``)."""
-        p = self.params
-        want = (p.duty_cycle * p.period_s / 2) if p.duty_cycle else 0.0
-        with self._slices:
-            while True:
-                start, end = self._stopped_slices[-1]
-                if end - time.monotonic() >= want:
-                    return start, end
-                n = len(self._stopped_slices)
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._slices.wait_for(lambda: len(self._stopped_slices) > n, left):
-                    return None
 
     def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
         """Observe the frozen role within one stopped stretch (at most ``timeout_s``).
@@ -370,16 +236,16 @@ class ProcessFreeze(Fault):
             "measured_by": f"{TOKENS_METRIC} on {base_url}/metrics before and after the window",
             "duty_cycle": p.duty_cycle, "period_s": p.period_s, "stopped_slices": 0,
         }
-        sl = self._stopped_slice(deadline)
+        stops = self._stops
+        assert stops is not None
+        sl = stops.stopped_slice(deadline)
         if sl is None:
             return Evidence(False, obs, f"{target}: no stopped slice to observe within {timeout_s:.0f} s")
         start, end = sl
         margin = min(0.1, 0.2 * (end - start)) if p.duty_cycle else 0.0
         last = min(end - margin, deadline)
 
-        def states() -> dict[int, str | None]:
-            return {pid: process_state(pid, ct, cmd) for pid, ct, cmd in self._targets}
-
+        states = stops.states
         while not all(s == psutil.STATUS_STOPPED for s in states().values()) and time.monotonic() < last:
             time.sleep(_POLL_S)
         seen = states()
@@ -390,16 +256,15 @@ class ProcessFreeze(Fault):
         time.sleep(max(0.0, min(SETTLE_S, 0.25 * (last - time.monotonic()))))
         w0 = time.monotonic()
         window_end = min(w0 + EVIDENCE_WINDOW_S, last)
-        before = read_metrics(base_url, timeout_s=max(0.05, min(_METRICS_TIMEOUT_S, window_end - w0)))
+        before = read_metrics(base_url, timeout_s=max(0.05, min(METRICS_TIMEOUT_S, window_end - w0)))
         stopped_throughout = True
         while time.monotonic() < window_end:
             stopped_throughout &= all(s == psutil.STATUS_STOPPED for s in states().values())
             time.sleep(min(0.05, max(0.0, window_end - time.monotonic())))
-        after = read_metrics(base_url, timeout_s=max(0.05, min(_METRICS_TIMEOUT_S, last - time.monotonic())))
+        after = read_metrics(base_url, timeout_s=max(0.05, min(METRICS_TIMEOUT_S, last - time.monotonic())))
         final = states()
         stopped_throughout &= all(s == psutil.STATUS_STOPPED for s in final.values())
-        with self._slices:
-            n_slices = len(self._stopped_slices)
+        n_slices = stops.slices_begun()
         obs.update(stopped=stopped_throughout, states={str(k): v for k, v in final.items()},
                    window_s=round(time.monotonic() - w0, 3), stopped_slices=n_slices,
                    metrics_answered=before is not None and after is not None)
@@ -436,7 +301,6 @@ class ProcessFreeze(Fault):
             FaultError: a process is still stopped :data:`RESUME_TIMEOUT_S` s after SIGCONT
                 (the fault stays open; ``specchaos cleanup`` retries).
         """
-        self._done.set()
         if self._container is not None:
             container_ops.unpause(self._container)
             if container_ops.paused(self._container):
@@ -444,15 +308,14 @@ class ProcessFreeze(Fault):
                                  where=self.describe_target(ctx), hint="run `specchaos cleanup`, or docker unpause it")
             log.info("unpaused %s (container %s)", self.describe_target(ctx), self._container.name)
             return
-        if self._cycle is not None and self._cycle is not threading.current_thread():
-            self._cycle.join(timeout=5.0)
-        with self._lock:
-            left = resume(self._targets)
+        if self._stops is None:
+            return
+        left = self._stops.release()
         if left:
             raise FaultError(f"pids {left} still stopped after SIGCONT", where=self.describe_target(ctx),
                              hint="run `specchaos cleanup`, or kill -CONT them by hand")
-        if self._targets:
-            log.info("resumed %s (pids %s)", self.describe_target(ctx), [t[0] for t in self._targets])
+        if self._stops.targets:
+            log.info("resumed %s (pids %s)", self.describe_target(ctx), self._stops.facts()["pids"])
 
     @classmethod
     def recover(cls, entry: dict[str, Any]) -> None:
@@ -472,8 +335,6 @@ class ProcessFreeze(Fault):
             except docker_errors.NotFound:
                 pass   # removed meanwhile: nothing paused is left
             return
-        pids, cts = facts.get("pids") or [], facts.get("create_times") or []
-        cmds = facts.get("cmdlines") or [None] * len(pids)
-        left = resume([(int(pid), float(ct), cmd) for pid, ct, cmd in zip(pids, cts, cmds)])
+        left = resume_facts(facts)
         if left:
             raise RuntimeError(f"pids {left} still stopped after SIGCONT")

@@ -32,7 +32,6 @@ the draft model; killing it fails every in-flight request and the API exits 0).
 from __future__ import annotations
 
 import logging
-import os
 import signal as signal_mod
 import time
 from typing import Any, ClassVar, Literal
@@ -42,11 +41,12 @@ from pydantic import Field, field_validator
 
 from faults import container_ops
 from faults.base import Evidence, Fault, FaultContext, FaultParams
+from faults.targets import record_role, server_of, signal_recorded
 from harness.clock import now
 from harness.errors import FaultError
 from harness.stack.base import Server
 from harness.stack.capabilities import Supervised
-from harness.stack.procs import CREATE_TIME_TOLERANCE_S
+from harness.stack.procs import Recorded, cmdline_of, same_process
 
 log = logging.getLogger(__name__)
 
@@ -76,143 +76,6 @@ def normalise_signal(name: str) -> str:
     if up not in KILL_SIGNALS:
         raise ValueError(f"unknown signal {name!r}; use one of {', '.join(KILL_SIGNALS)}")
     return up
-
-
-def cmdline_of(proc: psutil.Process) -> list[str]:
-    """``proc.cmdline()`` without the trailing empty strings a retitled process shows
-    (setproctitle pads its title with NULs, as vLLM's ``VLLM::Worker`` does).
-
-    Raises:
-        psutil.Error: the process is gone or not readable.
-    """
-    args = list(proc.cmdline())
-    while args and args[-1] == "":
-        args.pop()
-    return args
-
-
-def same_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> bool:
-    """Whether ``pid`` still is the process recorded with ``create_time`` (epoch s, as
-    psutil gives it) and, if given, ``cmdline``. Zombies count as gone (False)."""
-    try:
-        p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > CREATE_TIME_TOLERANCE_S:
-            return False
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return cmdline is None or cmdline_of(p) == list(cmdline)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-
-
-def send_signal_exact(pid: int, create_time: float, signum: int, cmdline: list[str] | None = None) -> bool:
-    """Send ``signum`` to ``pid`` only if it still is the recorded process.
-
-    Race-free against pid reuse on Linux: a pidfd is opened first, then the identity is
-    checked; if the check passes, the pidfd refers to that same process (it existed
-    before and after the pidfd was opened), and the signal goes through the pidfd.
-    Falls back to ``os.kill`` right after the check where pidfds are unavailable.
-
-    Returns:
-        True if signalled; False if the pid is gone or now belongs to another process.
-
-    Raises:
-        PermissionError: the process exists but may not be signalled by this user.
-    """
-    fd = None
-    try:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return False
-        except (AttributeError, OSError):
-            fd = None
-        if not same_process(pid, create_time, cmdline):
-            return False
-        try:
-            if fd is not None:
-                signal_mod.pidfd_send_signal(fd, signum)
-            else:
-                os.kill(pid, signum)
-        except ProcessLookupError:
-            return False
-        return True
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-#: One recorded process: ``(pid, create_time, cmdline)``, enough to re-check its identity.
-Recorded = tuple[int, float, list[str]]
-
-
-def server_of(ctx: FaultContext, server: str, target: str) -> Server:
-    """The stack's server ``server``.
-
-    Raises:
-        FaultError: no such server (``where`` = ``target``; the hint lists the servers).
-    """
-    if server not in ctx.servers:
-        raise FaultError(f"no server {server!r} in the stack", where=target,
-                         hint=f"set arguments.server to one of: {', '.join(ctx.servers) or '(none started)'}")
-    return ctx.servers[server]
-
-
-def record_role(srv: Server, server: str, role: str, target: str, verb: str = "signalled") -> tuple[int, list[Recorded]]:
-    """Find every live process of ``role`` in ``srv`` and record its identity, refusing
-    before anything acts if the server restarted meanwhile or a pid changed hands.
-
-    Returns:
-        ``(incarnation, [(pid, create_time, cmdline)])``.
-
-    Raises:
-        FaultError: no process of the role (server down), a restart during discovery, a
-            process that vanished, or a pid that now belongs to another process.
-    """
-    incarnation = int(getattr(srv, "incarnation", 0))
-    procs = list((srv.roles() or {}).get(role) or [])
-    if not procs:
-        raise FaultError(f"no {role} process found in server {server} (is it up?)", where=target,
-                         hint="start the stack and wait until it is ready before injecting")
-    if int(getattr(srv, "incarnation", 0)) != incarnation:  # the processes may be of either
-        raise FaultError(f"server {server} restarted while its {role} was being found", where=target,
-                         hint="inject once the server is ready")
-    recorded: list[Recorded] = []
-    for proc in procs:
-        try:
-            recorded.append((proc.pid, proc.create_time(), cmdline_of(proc)))
-        except psutil.Error as exc:
-            raise FaultError(f"{role} process {proc.pid} of server {server} vanished before it could be {verb}",
-                             where=target, hint="the server may be restarting; inject once it is ready") from exc
-    for pid, ct, cmd in recorded:  # refuse before acting at all if any pid changed hands
-        if not same_process(pid, ct, cmd):
-            raise FaultError(f"pid {pid} is no longer the {role} process that was found "
-                             f"(gone, or its pid was reused); refusing to signal",
-                             where=target, hint="the server may be restarting; inject once it is ready")
-    return incarnation, recorded
-
-
-def signal_recorded(recorded: list[Recorded], signum: int, target: str,
-                    into: list[Recorded] | None = None) -> list[Recorded]:
-    """Send ``signum`` to each recorded process that still is itself; the ones signalled,
-    appended to ``into`` as they are (so a fault that must undo its signals, e.g. a freeze,
-    knows every process it reached even when a later one raises).
-
-    Raises:
-        FaultError: not permitted to signal one of them.
-    """
-    done = into if into is not None else []
-    for pid, ct, cmd in recorded:
-        try:
-            ok = send_signal_exact(pid, ct, signum, cmd)
-        except PermissionError as exc:
-            raise FaultError(f"not permitted to signal pid {pid}", where=target,
-                             hint="run the harness as the user that started the stack") from exc
-        if ok:
-            done.append((pid, ct, cmd))
-        else:  # went away after the first signal (e.g. a sibling worker torn down with it)
-            log.info("%s pid %d went away before its own signal", target, pid)
-    return done
 
 
 class ProcessKillParams(FaultParams):

@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from harness.checks.config import SafeguardConfig

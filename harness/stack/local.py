@@ -64,8 +64,7 @@ from harness.stack.models import resolve_model
 from harness.ports import free_ports
 from harness.stack.preflight import check_stack
 from harness.stack.reaper import reaper
-from harness.stack.supervisor import (ORPHAN_GRACE_S, RESPECULATE_GRACE_S, STOP_GRACE_NOT_READY_S, ExitWatch,
-                                      Incarnation, stop_all)
+from harness.stack.supervisor import (ORPHAN_GRACE_S, RESPECULATE_GRACE_S, STOP_GRACE_NOT_READY_S, Incarnation, stop_all)
 from harness.stack.vllm_server import VllmServer, settings_of
 from harness.stack.warmup import warm_up
 from harness.timeline import Timeline

@@ -41,6 +41,74 @@ _TRACKER_MARK = "multiprocessing.resource_tracker"
 CREATE_TIME_TOLERANCE_S = 1.0
 
 
+def cmdline_of(proc: psutil.Process) -> list[str]:
+    """``proc.cmdline()`` without the trailing empty strings a retitled process shows
+    (setproctitle pads its title with NULs, as vLLM's ``VLLM::Worker`` does).
+
+    Raises:
+        psutil.Error: the process is gone or not readable.
+    """
+    args = list(proc.cmdline())
+    while args and args[-1] == "":
+        args.pop()
+    return args
+
+
+def same_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> bool:
+    """Whether ``pid`` still is the process recorded with ``create_time`` (epoch s, as
+    psutil gives it) and, if given, ``cmdline``. Zombies count as gone (False)."""
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > CREATE_TIME_TOLERANCE_S:
+            return False
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return cmdline is None or cmdline_of(p) == list(cmdline)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+def send_signal_exact(pid: int, create_time: float, signum: int, cmdline: list[str] | None = None) -> bool:
+    """Send ``signum`` to ``pid`` only if it still is the recorded process.
+
+    Race-free against pid reuse on Linux: a pidfd is opened first, then the identity is
+    checked; if the check passes, the pidfd refers to that same process (it existed
+    before and after the pidfd was opened), and the signal goes through the pidfd.
+    Falls back to ``os.kill`` right after the check where pidfds are unavailable.
+
+    Returns:
+        True if signalled; False if the pid is gone or now belongs to another process.
+
+    Raises:
+        PermissionError: the process exists but may not be signalled by this user.
+    """
+    fd = None
+    try:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except (AttributeError, OSError):
+            fd = None
+        if not same_process(pid, create_time, cmdline):
+            return False
+        try:
+            if fd is not None:
+                signal.pidfd_send_signal(fd, signum)
+            else:
+                os.kill(pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+#: One recorded process: ``(pid, create_time, cmdline)``, enough to re-check its identity.
+Recorded = tuple[int, float, list[str]]
+
+
 def title_of(proc: psutil.Process) -> str:
     """The process title as ``ps`` shows it (its cmdline joined), or ``""`` if gone."""
     try:

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 import select
-import signal
 import subprocess
 import threading
 import time

@@ -66,7 +66,7 @@ def test_a_signal_ends_overlapping_faults_at_once(tmp_path, sig):
     into the fault phase must end both faults and the run within seconds, not when the
     background fault's duration runs out."""
     from faults.ledger import Ledger
-    from faults.process_kill import same_process
+    from harness.stack.procs import same_process
 
     method = [
         {"type": "action", "name": "hog", "background": True,

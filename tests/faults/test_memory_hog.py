@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from faults.memory_hog import GIB, MemoryHogParams, host_memory
-from faults.process_kill import same_process
+from harness.stack.procs import same_process
 from harness.errors import FaultError
 
 from .conftest import wait_until

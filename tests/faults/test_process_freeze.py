@@ -19,8 +19,9 @@ import pytest
 from pydantic import ValidationError
 
 from faults.ledger import Ledger
-from faults.process_freeze import ProcessFreeze, ProcessFreezeParams, process_state
-from faults.process_kill import same_process
+from faults.duty_cycle import process_state
+from faults.process_freeze import ProcessFreeze, ProcessFreezeParams
+from harness.stack.procs import same_process
 from harness.errors import FaultError
 from harness.stack.config import RestartPolicy
 from harness.timeline import read_timeline

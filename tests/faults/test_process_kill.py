@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from faults.ledger import Ledger
-from faults.process_kill import cmdline_of, send_signal_exact
+from harness.stack.procs import cmdline_of, send_signal_exact
 from harness.errors import FaultError
 from harness.stack.config import RestartPolicy
 from harness.timeline import read_timeline

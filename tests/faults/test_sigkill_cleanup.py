@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from faults.ledger import Ledger
-from faults.process_kill import same_process
+from harness.stack.procs import same_process
 from tests.experiment.fast_e2e import ROOT, fast_experiment
 from tests.procs import wait_for
 

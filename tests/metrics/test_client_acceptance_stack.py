@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from faults.process_freeze import read_metrics
+from faults.engine_metrics import read_metrics
 from harness.load.client import make_client, stream_completion
 from harness.load.prompts import build_prompt_set
 from harness.load.records import is_complete
