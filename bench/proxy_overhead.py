@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from faults.network import ProxyProcess  # noqa: E402
+from faults.proxied import ProxyProcess  # noqa: E402
 from harness.load.client import make_client, stream_completion  # noqa: E402
 from harness.load.prompts import build_prompt_set  # noqa: E402
 from harness.stack.config import StackConfig  # noqa: E402

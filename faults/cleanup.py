@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from faults.ledger import Ledger
 from faults.registry import REGISTRY
 from harness import state as run_state
 from harness.stack import container_cleanup
-from harness.stack.procs import same_process, send_signal_exact
+from harness.stack.procs import descendants, recorded_process, same_process, signal_process, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -109,64 +108,35 @@ def _revert_faults(ledger_path: str | None, result: dict[str, Any]) -> list[str]
 
 
 def _kill_registered(processes: list[dict[str, Any]], grace_s: float, result: dict[str, Any]) -> list[str]:
-    """End every registered tree whose root is still the registered process."""
-    tree: dict[int, float] = {}  # pid -> create_time
+    """End every registered tree whose root is still the registered process (SIGTERM, then
+    SIGKILL after ``grace_s`` seconds to what is left and what it forked meanwhile)."""
+    tree: dict[int, psutil.Process] = {}
     for reg in processes:
         try:
             pid, ct = int(reg["pid"]), float(reg["create_time"])
         except (KeyError, TypeError, ValueError):
             continue
-        if not same_process(pid, ct):
+        root = recorded_process(pid, ct)
+        if root is None:
             log.info("registered pid %s (%s) is gone or was reused: not touched", reg.get("pid"), reg.get("role"))
             continue
-        tree[pid] = ct
-        tree.update(_descendants(pid))
+        tree[pid] = root
+        tree.update((c.pid, c) for c in descendants(root))
     if not tree:
         return []
-    for pid, ct in tree.items():
-        _signal(pid, ct, signal.SIGTERM)
-    alive = _wait_gone(tree, grace_s)
-    if alive:
-        for pid in list(alive):  # children forked during the grace period are part of the tree
-            late = {c: t for c, t in _descendants(pid).items() if c not in tree}
-            alive.update(late)
-            tree.update(late)
-        for pid, ct in alive.items():
-            _signal(pid, ct, signal.SIGKILL)
-        alive = _wait_gone(alive, 5.0)
+    for proc in tree.values():
+        signal_process(proc, signal.SIGTERM)
+    left = wait_gone(tree.values(), grace_s)
+    if left:
+        for proc in list(left):   # children forked during the grace period are part of the tree
+            late = [c for c in descendants(proc) if c.pid not in tree]
+            left += late
+            tree.update((c.pid, c) for c in late)
+        for proc in left:
+            signal_process(proc, signal.SIGKILL)
+        left = wait_gone(left, 5.0)
     # Ended by cleanup: found running in a registered tree, gone now (signalled, or
     # taken down with its parent).
-    result["killed"] += [pid for pid in tree if pid not in alive]
-    return [f"pid {pid} still running after SIGKILL" for pid in alive]
-
-
-def _descendants(pid: int) -> dict[int, float]:
-    out = {}
-    try:
-        for child in psutil.Process(pid).children(recursive=True):
-            try:
-                out[child.pid] = child.create_time()
-            except psutil.Error:
-                continue
-    except psutil.Error:
-        pass
-    return out
-
-
-def _signal(pid: int, ct: float, sig: int) -> bool:
-    try:
-        return send_signal_exact(pid, ct, sig)
-    except PermissionError:
-        log.error("not permitted to signal pid %d", pid)
-        return False
-
-
-def _wait_gone(procs: dict[int, float], timeout_s: float) -> dict[int, float]:
-    """Poll until every (pid, create_time) is gone; returns those still running."""
-    deadline = time.monotonic() + timeout_s
-    alive = dict(procs)
-    while True:
-        alive = {pid: ct for pid, ct in alive.items() if same_process(pid, ct)}
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
+    still = {proc.pid for proc in left}
+    result["killed"] += [pid for pid in tree if pid not in still]
+    return [f"pid {pid} still running after SIGKILL" for pid in sorted(still)]

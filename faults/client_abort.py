@@ -4,8 +4,8 @@ times out. Public reports show engines crashing on client disconnects and unabor
 requests holding KV cache and inflating the next requests' TTFT; this family makes the
 server meet exactly that, under load.
 
-How: the client side of the server's connection is the fault proxy (:mod:`faults.network`,
-set up before the load starts like any network fault, its own process registered in the
+How: the client side of the server's connection is the fault proxy (:mod:`faults.proxied`,
+set up before the load starts as for the network family, its own process registered in the
 run state). Its ``abort`` toxic (:mod:`faults.toxics`) draws per response, from ``seed``,
 whether to abort it (probability ``fraction``), and closes the connection right after the
 response's ``after_chunks``-th SSE event: the server sees the client disconnect, the load's
@@ -45,7 +45,7 @@ import httpx
 from pydantic import Field
 
 from faults.base import Evidence, FaultContext, FaultParams
-from faults.network import ListenPort, Network
+from faults.proxied import ListenPort, ProxiedFault, ProxyRoute
 from faults.engine_metrics import RUNNING_METRIC, read_metrics
 from harness.clock import now
 from harness.errors import FaultError
@@ -75,35 +75,23 @@ class ClientAbortParams(FaultParams):
     listen_port: ListenPort = 0
 
 
-    # What the network machinery reads: the abort toxic, downstream, through our proxy.
-    toxic: ClassVar[str] = "abort"
-    stream: ClassVar[str] = "downstream"
-    backend: ClassVar[str] = "proxy"
-    toxiproxy_url: ClassVar[None] = None
-
-    @property
-    def toxicity(self) -> float:
-        return self.fraction
-
-    @property
-    def attributes(self) -> dict[str, Any]:
-        return {"after_events": self.after_chunks}
-
     def toxic_json(self, name: str) -> dict[str, Any]:
+        """The ``abort`` toxic (downstream) as the proxy's API takes it (:mod:`faults.toxics`)."""
         return {"name": name, "type": "abort", "stream": "downstream", "toxicity": self.fraction,
-                "attributes": self.attributes}
+                "attributes": {"after_events": self.after_chunks}}
 
 
-class ClientAbort(Network):
+class ClientAbort(ProxiedFault):
     """Abort a fraction of the load's streams from the client side (through the proxy)."""
 
     kind: ClassVar[str] = "client-abort"
     activity: ClassVar[str] = "abort_streams"
     Params: ClassVar[type[FaultParams]] = ClientAbortParams
-    params: ClientAbortParams  # type: ignore[assignment]  # ClientAbort still extends Network (see issue 18 note)
+    params: ClientAbortParams
 
     def __init__(self, params: ClientAbortParams):
-        super().__init__(params)     # type: ignore[arg-type]
+        super().__init__(params, ProxyRoute(server=params.server, seed=params.seed, listen_port=params.listen_port,
+                                            toxic_name="abort_downstream"))
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
 
@@ -116,8 +104,8 @@ class ClientAbort(Network):
         proxy tracks every stream from the load's first request (its count of streams in
         flight is then exact when the fault starts)."""
         super().prepare(ctx)
-        assert self.client is not None, "prepared without a proxy"
-        self.client.add_toxic(self.proxy_name, self.params.toxic_json(self.toxic_name) | {"toxicity": 0.0})
+        client = self.proxy_client(ctx, "client-abort puts the proxy on the load path at prepare")
+        client.add_toxic(self.proxy_name, self.params.toxic_json(self.toxic_name) | {"toxicity": 0.0})
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         """Raise the abort toxic's fraction to ``fraction`` and start sampling (module doc).
@@ -129,16 +117,10 @@ class ClientAbort(Network):
         Raises:
             FaultError: no proxy on the load path, or it refused the change.
         """
-        if self.client is None:
-            raise FaultError("no fault proxy on the load path", where=self.describe_target(ctx),
-                             hint="client-abort is set up before the load starts; declare it in the method")
-        self.before = self.client.stats()
-        toxic = self.client.update_toxic(self.proxy_name, self.toxic_name, toxicity=self.params.fraction)
-        self.facts = {"toxic": toxic, "listen": self.listen, "upstream": self.upstream, "backend": "proxy",
-                      "proxy_pid": self.proxy.pid if self.proxy else None,
-                      "proxy_create_time": self.proxy.create_time if self.proxy else None,
-                      "control": self.client.api, "proxy_name": self.proxy_name,
-                      "sample_interval_s": SAMPLE_INTERVAL_S}
+        client = self.proxy_client(ctx, "client-abort is set up before the load starts; declare it in the method")
+        self.before = client.stats()
+        toxic = client.update_toxic(self.proxy_name, self.toxic_name, toxicity=self.params.fraction)
+        self.facts = self.proxy_facts(toxic) | {"sample_interval_s": SAMPLE_INTERVAL_S}
         server_url = ctx.servers[self.params.server].base_url if self.params.server in ctx.servers else None
         self._stop.clear()
         self._sampler = threading.Thread(target=self._sample, args=(ctx, server_url), daemon=True,
@@ -155,7 +137,7 @@ class ClientAbort(Network):
         try:
             self.client.update_toxic(self.proxy_name, self.toxic_name, toxicity=0.0)
         except (httpx.HTTPError, FaultError):
-            if self.proxy is not None and self.proxy.popen.poll() is None:
+            if not self.proxy_gone():
                 raise
 
     def _sample(self, ctx: FaultContext, server_url: str | None) -> None:
@@ -178,8 +160,28 @@ class ClientAbort(Network):
             self._stop.wait(max(0.0, SAMPLE_INTERVAL_S - (time.monotonic() - t0)))
 
     def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
-        """Streams aborted, counted by the proxy (waits up to ``timeout_s``)."""
-        return super().evidence(ctx, timeout_s)
+        """Streams aborted, counted by the proxy (waits up to ``timeout_s`` seconds).
+
+        Observations: ``toxic`` (``"abort"``), ``server``, ``fraction``, ``after_chunks``,
+        ``measured_by``, ``connections_affected`` and ``streams_aborted`` (the proxy's
+        counters of the abort toxic).
+
+        Raises:
+            FaultError: called before :meth:`inject`.
+        """
+        if self.facts is None or self.client is None:
+            raise FaultError("client-abort evidence asked before injection", where=self.describe_target(ctx))
+        return self.wait_for_evidence(timeout_s, self._judge)
+
+    def _judge(self, st: dict[str, Any]) -> Evidence:
+        p = self.params
+        obs = {"toxic": "abort", "server": p.server, "fraction": p.fraction, "after_chunks": p.after_chunks,
+               "measured_by": f"the fault proxy's /stats ({self.client.api if self.client else '?'})",
+               "connections_affected": st.get("connections_affected", 0), "streams_aborted": st.get("aborted", 0)}
+        return Evidence(obs["streams_aborted"] > 0, obs,
+                        f"abort on {p.server}/streams: {obs['streams_aborted']} streams closed by the client side "
+                        f"after {p.after_chunks} events (measured by the proxy; {obs['connections_affected']} "
+                        f"connections affected)")
 
     def release(self, ctx: FaultContext) -> None:
         """Stop sampling, then end the proxy (idempotent)."""

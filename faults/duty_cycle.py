@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil
@@ -177,8 +177,11 @@ class StopCycle:
                     return start, end
                 n = len(self._stopped)
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._slices.wait_for(lambda n=n: len(self._stopped) > n, left):
+                if left <= 0 or not self._slices.wait_for(self._more_than(n), left):
                     return None
+
+    def _more_than(self, n: int) -> Callable[[], bool]:
+        return lambda: len(self._stopped) > n
 
     def slices_begun(self) -> int:
         """Stopped slices begun so far (1 for a stop without duty cycle)."""

@@ -49,54 +49,22 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
-import psutil
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from faults.base import Evidence, Fault, FaultContext, FaultParams
+from faults.base import Evidence, FaultContext, FaultParams
+from faults.proxied import ListenPort, ProxiedFault, ProxyRoute
 from faults.toxics import TOXIC_TYPES, LatencyAttrs, attributes_error, max_chunk_delay_s
-from harness import state as run_state
 from harness.errors import FaultError
 from harness.net import LOOPBACK_HINT, is_loopback_host
-from harness.proc import end_process, start_announced
-from harness.ports import port_in_use
-from harness.stack.procs import same_process, send_signal_exact
 
 log = logging.getLogger(__name__)
-
-#: Seconds to wait for the proxy's ready line.
-START_TIMEOUT_S = 10.0
-_POLL_S = 0.1
-_HTTP_TIMEOUT_S = 5.0
-
-
-def listen_port_free(v: int) -> int:
-    """Validator of a fault's ``listen_port``: 0 (any free port) or a loopback port
-    nothing listens on now (:func:`harness.ports.port_in_use`, which binds with
-    ``SO_REUSEADDR`` as the proxy does).
-
-    Raises:
-        ValueError: the port is in use.
-    """
-    if v and port_in_use("127.0.0.1", v):
-        raise ValueError(f"port {v} on 127.0.0.1 is already in use; pick another or 0 for any free port")
-    return v
-
-
-#: A fault's ``listen_port`` (the proxy's port on 127.0.0.1): 0 for any free port, else
-#: one nothing listens on now.
-ListenPort = Annotated[int, Field(ge=0, le=65535), AfterValidator(listen_port_free)]
-
 
 def netem_available() -> bool:
     """Whether the kernel offers the ``netem`` qdisc (module loaded or installed)."""
@@ -171,114 +139,9 @@ class NetworkParams(FaultParams):
                 "attributes": dict(self.attributes)}
 
 
-# -------------------------------------------------------------------- the proxy's API client
-
-class ProxyClient:
-    """toxiproxy's HTTP API (the subset the harness uses), for :mod:`faults.proxy` and for a
-    real toxiproxy server alike. ``api``: the API's base URL (loopback)."""
-
-    def __init__(self, api: str):
-        self.api = api.rstrip("/")
-
-    def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        with httpx.Client(trust_env=False, timeout=_HTTP_TIMEOUT_S) as c:   # loopback: never through a proxy
-            return c.request(method, self.api + path, json=body)
-
-    def create_proxy(self, name: str, listen: str, upstream: str) -> dict[str, Any]:
-        r = self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
-        if r.status_code not in (200, 201):
-            raise FaultError(f"toxiproxy refused the proxy: HTTP {r.status_code} {r.text[:200]}", where=self.api)
-        return r.json()
-
-    def delete_proxy(self, name: str) -> None:
-        self._call("DELETE", f"/proxies/{name}")
-
-    def add_toxic(self, proxy: str, toxic: dict[str, Any]) -> dict[str, Any]:
-        """Raises FaultError when refused (the API's error text in the message)."""
-        r = self._call("POST", f"/proxies/{proxy}/toxics", toxic)
-        if r.status_code not in (200, 201):
-            raise FaultError(f"the proxy refused toxic {toxic.get('name')}: HTTP {r.status_code} {r.text[:200]}",
-                             where=self.api)
-        return r.json()
-
-    def update_toxic(self, proxy: str, name: str, toxicity: float | None = None,
-                     attributes: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Change a toxic in place. Raises FaultError when refused."""
-        body = {k: v for k, v in (("toxicity", toxicity), ("attributes", attributes)) if v is not None}
-        r = self._call("POST", f"/proxies/{proxy}/toxics/{name}", body)
-        if r.status_code != 200:
-            raise FaultError(f"the proxy refused to update toxic {name}: HTTP {r.status_code} {r.text[:200]}",
-                             where=self.api)
-        return r.json()
-
-    def remove_toxic(self, proxy: str, name: str) -> bool:
-        """True when removed, False when it was not there."""
-        r = self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
-        return r.status_code in (200, 204)
-
-    def toxics(self, proxy: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/proxies/{proxy}/toxics").json()
-
-    def stats(self) -> dict[str, Any] | None:
-        """The fault proxy's measurements (``GET /stats``), None where the server has none."""
-        try:
-            r = self._call("GET", "/stats")
-        except httpx.HTTPError:
-            return None
-        return r.json() if r.status_code == 200 else None
-
-
-# -------------------------------------------------------------------- the proxy process
-
-class ProxyProcess:
-    """A running :mod:`faults.proxy` process: ``pid``, ``create_time``, ``listen`` and
-    ``control`` (``host:port``), and its :class:`ProxyClient`."""
-
-    def __init__(self, popen: subprocess.Popen, listen: str, control: str):
-        self.popen, self.listen, self.control = popen, listen, control
-        self.pid = popen.pid
-        self.create_time = _create_time(popen.pid)
-        self.client = ProxyClient(f"http://{control}")
-
-    @classmethod
-    def start(cls, name: str, upstream: str, seed: int, listen_port: int = 0,
-              timeout_s: float = START_TIMEOUT_S) -> "ProxyProcess":
-        """Start ``python -m faults.proxy`` (loopback only), wait for its ready line, and
-        register it in the run state (role ``proxy``).
-
-        Raises:
-            FaultError: it did not start (port in use, not loopback, no ready line in time).
-        """
-        cmd = [sys.executable, "-m", "faults.proxy", "--name", name, "--listen", f"127.0.0.1:{listen_port}",
-               "--upstream", upstream, "--seed", str(seed)]
-        popen, ready = start_announced(cmd, Path(__file__).resolve().parents[1], timeout_s)
-        if "listen" not in ready:
-            end_process(popen)
-            why = ready.get("error") or f"no ready line within {timeout_s:g} s"
-            raise FaultError(f"the fault proxy did not start: {why}", where=f"network proxy for {name}",
-                             hint="listen_port: pick a free port or 0")
-        proc = cls(popen, ready["listen"], ready["control"])
-        run_state.register_process(proc.pid, "proxy")
-        log.info("fault proxy for %s: %s -> %s (pid %d, control %s)", name, proc.listen, upstream, proc.pid,
-                 proc.control)
-        return proc
-
-    def stop(self) -> None:
-        """End the process (SIGTERM, then SIGKILL) and forget it in the run state. Idempotent."""
-        end_process(self.popen)
-        run_state.unregister_process(self.pid)
-
-
-def _create_time(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
-
-
 # -------------------------------------------------------------------- the family
 
-class Network(Fault):
+class Network(ProxiedFault):
     """A toxic on the load path of one server, through a fault proxy."""
 
     kind: ClassVar[str] = "network"
@@ -287,57 +150,13 @@ class Network(Fault):
     params: NetworkParams
 
     def __init__(self, params: NetworkParams):
-        super().__init__(params)
-        self.proxy: ProxyProcess | None = None
-        self.client: ProxyClient | None = None
-        self.proxy_name = params.server
-        self.upstream: str | None = None
-        self.listen: str | None = None
-        self.toxic_name = f"{params.toxic}_{params.stream}"
-        self.before: dict[str, Any] | None = None
-        self.facts: dict[str, Any] | None = None
+        super().__init__(params, ProxyRoute(server=params.server, seed=params.seed, listen_port=params.listen_port,
+                                            toxic_name=f"{params.toxic}_{params.stream}", backend=params.backend,
+                                            toxiproxy_url=params.toxiproxy_url))
 
     def describe_target(self, ctx: FaultContext) -> str:
         """``"<server>/<stream>"``, e.g. ``"spec/downstream"``."""
         return f"{self.params.server}/{self.params.stream}"
-
-    def prepare(self, ctx: FaultContext) -> None:
-        """Start the proxy (or create it on toxiproxy) and route the load through it.
-
-        Raises:
-            FaultError: unknown server; the proxy did not start.
-        """
-        p = self.params
-        if p.server not in ctx.load_urls:
-            raise FaultError(f"unknown server {p.server!r}", where=self.describe_target(ctx),
-                             hint=f"known: {', '.join(sorted(ctx.load_urls))}")
-        up = urlsplit(ctx.load_urls[p.server])
-        self.upstream = f"{up.hostname}:{up.port or (443 if up.scheme == 'https' else 80)}"
-        if p.backend == "toxiproxy":
-            port = p.listen_port or _free_port()
-            self.client = ProxyClient(str(p.toxiproxy_url))
-            self.proxy_name = f"specchaos-{p.server}-{os.getpid()}"
-            self.client.create_proxy(self.proxy_name, f"127.0.0.1:{port}", self.upstream)
-            self.listen = f"127.0.0.1:{port}"
-        else:
-            self.proxy = ProxyProcess.start(p.server, self.upstream, p.seed, p.listen_port)
-            self.client, self.listen = self.proxy.client, self.proxy.listen
-        ctx.load_urls[p.server] = f"http://{self.listen}"
-        ctx.timeline.emit("fault", "proxy_started", server=p.server, listen=self.listen, upstream=self.upstream,
-                          backend=p.backend, pid=self.proxy.pid if self.proxy else None)
-
-    def release(self, ctx: FaultContext) -> None:
-        """End the proxy (idempotent)."""
-        if self.proxy is not None:
-            self.proxy.stop()
-            ctx.timeline.emit("fault", "proxy_stopped", server=self.params.server, pid=self.proxy.pid)
-            self.proxy = None
-        elif self.client is not None and self.params.backend == "toxiproxy":
-            try:
-                self.client.delete_proxy(self.proxy_name)
-            except httpx.HTTPError as exc:
-                log.error("deleting toxiproxy proxy %s failed: %s", self.proxy_name, exc)
-        self.client = None
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
         """Add the toxic on the running proxy.
@@ -350,15 +169,9 @@ class Network(Fault):
             FaultError: no proxy (the fault was not declared before the load started) or
                 the proxy refused the toxic.
         """
-        if self.client is None:
-            raise FaultError("no fault proxy on the load path", where=self.describe_target(ctx),
-                             hint="network faults are set up before the load starts; declare it in the method")
-        self.before = self.client.stats()
-        toxic = self.client.add_toxic(self.proxy_name, self.params.toxic_json(self.toxic_name))
-        self.facts = {"toxic": toxic, "listen": self.listen, "upstream": self.upstream, "backend": self.params.backend,
-                      "proxy_pid": self.proxy.pid if self.proxy else None,
-                      "proxy_create_time": self.proxy.create_time if self.proxy else None,
-                      "control": self.client.api, "proxy_name": self.proxy_name}
+        client = self.proxy_client(ctx, "network faults are set up before the load starts; declare it in the method")
+        self.before = client.stats()
+        self.facts = self.proxy_facts(client.add_toxic(self.proxy_name, self.params.toxic_json(self.toxic_name)))
         return dict(self.facts)
 
     def evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
@@ -376,12 +189,7 @@ class Network(Fault):
             raise FaultError("network evidence asked before injection", where=self.describe_target(ctx))
         if self.params.backend == "toxiproxy" and self.client.stats() is None:
             return self._probe_evidence(ctx, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            ev = self._judge((self.client.stats() or {}).get("toxics", {}).get(self.toxic_name) or {})
-            if ev.acted or time.monotonic() >= deadline:
-                return ev
-            time.sleep(_POLL_S)
+        return self.wait_for_evidence(timeout_s, self._judge)
 
     def declared_added_latency_s(self) -> float | None:
         """What this toxic adds to one request's TTFT and E2E by its declaration, in seconds
@@ -465,25 +273,5 @@ class Network(Fault):
         try:
             self.client.remove_toxic(self.proxy_name, self.toxic_name)
         except httpx.HTTPError:
-            if self.proxy is not None and self.proxy.popen.poll() is None:
+            if not self.proxy_gone():
                 raise
-
-    @classmethod
-    def recover(cls, entry: dict[str, Any]) -> None:
-        """After a crash: end the proxy process recorded in the facts (that removes every
-        toxic with it); for toxiproxy, remove the toxic through its API."""
-        facts = entry.get("facts") or {}
-        pid, ct = facts.get("proxy_pid"), facts.get("proxy_create_time")
-        if pid and ct and same_process(int(pid), float(ct)):
-            send_signal_exact(int(pid), float(ct), signal.SIGKILL)
-        elif facts.get("backend") == "toxiproxy" and facts.get("control") and facts.get("toxic"):
-            try:
-                ProxyClient(facts["control"]).remove_toxic(facts["proxy_name"], facts["toxic"]["name"])
-            except httpx.HTTPError as exc:
-                raise RuntimeError(f"toxiproxy at {facts['control']} unreachable: {exc}") from None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

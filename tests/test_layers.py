@@ -5,7 +5,10 @@
   package cycle);
 * no module under stack, load, metrics, checks or faults imports ``harness.experiment``
   or ``harness.report``;
-* an import inside a function only defers a heavy dependency, and says so in a comment.
+* an import inside a function only defers a heavy dependency, and says so in a comment;
+* no fault family imports another (issue 18): what several share (process targets,
+  engine metrics, the duty cycle, the proxy) lives below them in ``faults``; only the
+  registry (and what builds on it) knows every family.
 
 Imports under ``if TYPE_CHECKING:`` are typing only and not counted.
 """
@@ -163,3 +166,30 @@ def test_the_scan_can_fail(tmp_path, monkeypatch, rule):
                 test_no_package_cycles()
     finally:
         bad.unlink()
+
+
+def family_modules() -> set[str]:
+    """The module of every registered fault family (``faults.process_kill``...)."""
+    from faults.registry import REGISTRY  # deferred: the scan above needs no import of our code
+    return {cls.__module__ for cls in REGISTRY.values()}
+
+
+def family_imports(mods: dict[str, Path], families: set[str]) -> list[str]:
+    """``"module:line imports family"`` for each import of a family module by another
+    family module."""
+    return [f"{mod}:{line} imports {target}" for mod, path in mods.items() if mod in families
+            for target, line, _ in imports(path) if target in families and target != mod]
+
+
+def test_no_fault_family_imports_another():
+    families = family_modules()
+    assert len(families) >= 10, families
+    bad = family_imports(modules(), families)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_family_rule_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from faults.process_kill import ProcessKill\n", encoding="utf-8")
+    families = family_modules() | {"faults.probe"}
+    assert family_imports({"faults.probe": probe}, families) == ["faults.probe:1 imports faults.process_kill"]

@@ -68,6 +68,31 @@ def same_process(pid: int, create_time: float, cmdline: list[str] | None = None)
         return False
 
 
+def recorded_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> psutil.Process | None:
+    """The live process ``pid`` if it still is the one recorded with ``create_time`` (and
+    ``cmdline`` when given; :func:`same_process`), else None. The psutil handle re-checks
+    its own create time before every signal, so it stays pid-reuse safe afterwards."""
+    if not same_process(pid, create_time, cmdline):
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def signal_process(proc: psutil.Process, signum: int) -> bool:
+    """Send ``signum`` to ``proc`` through psutil (which refuses a pid that changed hands);
+    False when it is gone or may not be signalled (the latter logged)."""
+    try:
+        proc.send_signal(signum)
+        return True
+    except psutil.AccessDenied:
+        log.error("not permitted to signal pid %d", proc.pid)
+    except psutil.Error:
+        pass
+    return False
+
+
 def send_signal_exact(pid: int, create_time: float, signum: int, cmdline: list[str] | None = None) -> bool:
     """Send ``signum`` to ``pid`` only if it still is the recorded process.
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from faults.cleanup import cleanup
-from faults.network import ProxyProcess
+from faults.proxied import ProxyProcess
 from harness.ports import port_in_use
 from faults.toxics import affected, connection_rng
 from harness.errors import FaultError
@@ -214,7 +214,7 @@ def test_a_port_in_use_or_a_remote_upstream_starts_nothing(echo):
 HARNESS = r'''
 import sys, time
 from harness.state import RunState, set_current
-from faults.network import ProxyProcess
+from faults.proxied import ProxyProcess
 state = RunState(sys.argv[2])
 set_current(state)
 p = ProxyProcess.start("echo", sys.argv[1], 1)
