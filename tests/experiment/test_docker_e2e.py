@@ -2,12 +2,14 @@
 one of ci/docker-engine.sh), real containers running the real vLLM (tiny models, CPU) from
 the host-root image, real ``docker kill``, ``docker pause`` and ``container.update``.
 
-One docker stack for the module (spec and ref, two containers: the default experiment's
-stack with ``stack.launcher: docker``), started by the session's pool, borrowed for the
-container mechanisms and stopped at the module's end, so the shared local stack never runs
-beside it; then cleanup after a SIGKILL of a harness that runs the Docker launcher. The
-default experiment itself on the Docker launcher (as ``--launcher docker`` runs it) is in
-the nightly tier (about 200 s here with its stack start; make test's budget).
+One docker stack for the container mechanisms (the default experiment's stack with
+``stack.launcher: docker`` and no reference server: one container, one vLLM start inside
+make test's budget), started by the session's pool, borrowed by the tests and stopped at the
+module's end, so the shared local stack never runs beside it; then cleanup after a SIGKILL
+of a harness that runs the Docker launcher (the containers it started, and no other). The default
+experiment itself on the Docker launcher (as ``--launcher docker`` runs it: both containers,
+integrity against the reference container) is in the nightly tier (about 200 s here with its
+stack start).
 """
 
 from __future__ import annotations
@@ -53,10 +55,24 @@ def docker_variant(tmp: Path, name: str = "kill-docker", **spec_changes) -> Path
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _the_external_modules_server_boots_meanwhile(request):
+    """When the external launcher's tests run in this session (right after this module), their
+    plain vLLM server boots now, beside this module's one container: two servers at once, and
+    one boot less on make test's clock."""
+    if any(item.nodeid.startswith("tests/experiment/test_external_e2e.py") for item in request.session.items):
+        request.getfixturevalue("plain_vllm_server")
+
+
 @pytest.fixture(scope="module")
 def docker_config(docker_engine, tmp_path_factory):
-    """The default experiment's ``stack`` block with ``launcher: docker`` (as validated)."""
-    return load_experiment(docker_variant(tmp_path_factory.mktemp("docker-cfg"))).cfg.stack
+    """The default experiment's ``stack`` block with ``launcher: docker`` and the speculative
+    server only (as validated): what the container mechanisms act on."""
+    path = docker_variant(tmp_path_factory.mktemp("docker-cfg"), reference=False)
+    doc = yaml.safe_load(path.read_text())
+    doc["configuration"]["specchaos"]["integrity"]["min_compared"] = 0
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return load_experiment(path).cfg.stack
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +88,8 @@ def docker_run(docker_engine, tmp_path_factory, specchaos_pool):
 
 @pytest.fixture(scope="module")
 def docker_stack(docker_config, specchaos_pool, tmp_path_factory):
-    """A pooled docker stack (the one the experiment's run used when it ran first), borrowed
-    for direct fault tests, then taken out of the pool and stopped (its containers removed)
-    at the module's end."""
+    """A pooled docker stack (:func:`docker_config`), borrowed for direct fault tests, then
+    taken out of the pool and stopped (its container removed) at the module's end."""
     cfg = docker_config
     run_dir = tmp_path_factory.mktemp("docker-faults")
     timeline = Timeline(run_dir / "timeline.jsonl")
@@ -250,15 +265,15 @@ def test_per_role_cgroups_are_refused_on_a_container(docker_stack, injector):
 
 
 def test_a_killed_container_is_replaced_by_the_supervisor(docker_stack, injector):
-    ref = docker_stack.servers["ref"]      # the reference: the spec server's restarts stay those of the run
-    before, n = ref.container_name(), ref.incarnation
-    h = injector.inject("process-kill", {"server": "ref", "role": "container"})
+    spec = docker_stack.servers["spec"]
+    before, n = spec.container_name(), spec.incarnation
+    h = injector.inject("process-kill", {"server": "spec", "role": "container"})
     assert h.facts["mechanism"] == "container" and h.facts["container_name"] == before
     ev = injector.collect_evidence(h, timeout_s=240)
     o = ev.observations
     assert ev.acted and o["gone"] and o["restart_seen_after_s"] is not None, ev.detail
-    assert ref.incarnation == n + 1 and ref.container_name() != before and ref.restarts[-1]["returncode"] == -9
-    assert generate(ref.base_url, ref.model) == 1
+    assert spec.incarnation == n + 1 and spec.container_name() != before and spec.restarts[-1]["returncode"] == -9
+    assert generate(spec.base_url, spec.model) == 1
     print(f"docker: container kill -> server ready again {o['restart_seen_after_s']:.1f} s later")
     assert not docker.from_env().containers.list(all=True, filters={"name": before})   # the old one removed
 

