@@ -20,6 +20,7 @@ from harness.stack.docker_engine import engine_client
 from harness.stack.models import build_models
 from harness.ports import free_ports
 from harness.stack.vllm import vllm_distribution
+from harness.stack.vllm_server import VllmSpec
 from harness.timeline import Timeline
 from tests import procs
 from tests.property import profiles as property_profiles
@@ -165,15 +166,18 @@ def fake_server(tmp_path):
     LocalServer running the fake vLLM, on a free loopback port, model directory
     ``tmp_path/"target"`` (served as ``"target"``), log ``tmp_path/"<name>-server.log"``.
     ``restart`` defaults to 2 restarts with 0.2 s back-off (doubling, at most 0.3 s);
-    ``kw`` goes to LocalServer (``speculative_config``, ``stop_grace_not_ready_s``...).
+    ``kw``: :class:`~harness.stack.vllm_server.VllmSpec` fields (``model_dir``,
+    ``speculative_config``...) and the supervisor's settings (``stop_grace_not_ready_s``...).
     ``ready=True`` starts it and waits until it is ready. Every one is stopped at teardown."""
     made: list[FakeServer] = []
 
     def make(name: str = "spec", fake_args: Sequence[str] = (), *, ready: bool = False,
              restart: RestartPolicy | None = None, timeline: Timeline | None = None,
              startup_timeout_s: float = 30.0, **kw: Any) -> FakeServer:
+        spec_fields = {k: kw.pop(k) for k in list(kw) if k in VllmSpec.__dataclass_fields__ and k != "model_dir"}
         server = FakeServer(
-            name, kw.pop("model_dir", tmp_path / "target"), port=free_ports("127.0.0.1", 1)[0],
+            name, VllmSpec(Path(kw.pop("model_dir", tmp_path / "target")), **spec_fields),
+            port=free_ports("127.0.0.1", 1)[0],
             log_path=tmp_path / f"{name}-server.log", timeline=timeline or Timeline(),
             restart=restart or RestartPolicy(max_restarts=2, backoff_s=0.2, backoff_max_s=0.3),
             startup_timeout_s=startup_timeout_s, fake_args=fake_args, **kw)

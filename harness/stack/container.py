@@ -63,7 +63,7 @@ from harness.stack.docker_engine import engine_client, ensure_image, host_mounts
 from harness.stack.local import LocalStack
 from harness.stack.preflight import check_stack
 from harness.stack.supervisor import ExitWatch, Incarnation
-from harness.stack.vllm_server import VllmServer
+from harness.stack.vllm_server import VllmServer, VllmSpec
 from harness.timeline import Timeline
 
 __all__ = ["ContainerIncarnation", "DockerServer", "DockerStack", "LABEL_PREFIX", "owner_labels"]
@@ -265,9 +265,9 @@ class DockerServer(VllmServer):
         options: ``stack.docker``.
     """
 
-    def __init__(self, name: str, model_dir: str | os.PathLike, *, client: docker.DockerClient, image: str,
+    def __init__(self, name: str, vllm_spec: VllmSpec, *, client: docker.DockerClient, image: str,
                  mounts: list[Mount], options: DockerConfig, **kw: Any):
-        super().__init__(name, model_dir, **kw)
+        super().__init__(name, vllm_spec, **kw)
         self.client = client
         self.image = image
         self.mounts = list(mounts)
@@ -373,9 +373,9 @@ class DockerStack(LocalStack):
                 paths.append(p.resolve())
         return paths
 
-    def new_server(self, name: str, model_dir: Path, **kw: Any) -> DockerServer:
+    def new_server(self, name: str, vllm_spec: VllmSpec, **kw: Any) -> DockerServer:
         assert self.client is not None and self.image is not None, "start() first"
-        return self.server_class(name, model_dir, client=self.client, image=self.image, mounts=self.mounts,
+        return self.server_class(name, vllm_spec, client=self.client, image=self.image, mounts=self.mounts,
                                  options=self.cfg.docker, **kw)
 
     def stop(self, timeout_s: float = 20.0) -> None:

@@ -65,7 +65,7 @@ from harness.ports import free_ports
 from harness.stack.preflight import check_stack
 from harness.stack.reaper import reaper
 from harness.stack.supervisor import (ORPHAN_GRACE_S, RESPECULATE_GRACE_S, STOP_GRACE_NOT_READY_S, Incarnation, stop_all)
-from harness.stack.vllm_server import VllmServer, settings_of
+from harness.stack.vllm_server import VllmServer, VllmSpec, settings_of
 from harness.stack.warmup import warm_up
 from harness.timeline import Timeline
 
@@ -221,22 +221,15 @@ class LocalStack:
         spec_cfg = vllm.speculative_config(cfg.method, models.draft, cfg.num_speculative_tokens,
                                            prompt_lookup_min=cfg.prompt_lookup_min,
                                            prompt_lookup_max=cfg.prompt_lookup_max)
-        common = dict(
-            host=cfg.host, served_model_name=models.target.name, max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
-            kv_cache_blocks=cfg.kv_cache_blocks, enforce_eager=cfg.enforce_eager,
-            dtype=cfg.dtype, seed=cfg.seed, extra_args=cfg.extra_args, timeline=self.timeline,
-            restart=cfg.restart, startup_timeout_s=cfg.startup_timeout_s, models_dir=Path(cfg.models_dir),
-        )
+        common = dict(host=cfg.host, timeline=self.timeline, restart=cfg.restart,
+                      startup_timeout_s=cfg.startup_timeout_s)
         logs = self.run_dir / "logs"
         with self._lock:
-            self.servers = {"spec": self.new_server("spec", models.target, port=ports["spec"],
-                                                    speculative_config=spec_cfg,
-                                                    log_path=logs / "spec-server.log", **common)}
+            self.servers = {"spec": self.new_server("spec", VllmSpec.of_stack(cfg, models.target, spec_cfg),
+                                                    port=ports["spec"], log_path=logs / "spec-server.log", **common)}
             if cfg.reference:
-                self.servers["ref"] = self.new_server("ref", models.target, port=ports["ref"],
-                                                      speculative_config=None,
-                                                      log_path=logs / "ref-server.log", **common)
+                self.servers["ref"] = self.new_server("ref", VllmSpec.of_stack(cfg, models.target, None),
+                                                      port=ports["ref"], log_path=logs / "ref-server.log", **common)
         t0 = time.monotonic()
         try:
             for s in self.servers.values():
@@ -252,10 +245,11 @@ class LocalStack:
         log.info("stack ready in %.1f s: %s", time.monotonic() - t0,
                  ", ".join(f"{n}={s.base_url}" for n, s in self.servers.items()))
 
-    def new_server(self, name: str, model_dir: Path, **kw: Any) -> VllmServer:
-        """One server of the stack (``kw`` as :class:`LocalServer`); a launcher that runs
-        something else under the same supervision overrides :attr:`server_class` or this."""
-        return self.server_class(name, model_dir, **kw)
+    def new_server(self, name: str, vllm_spec: VllmSpec, **kw: Any) -> VllmServer:
+        """One server of the stack (``kw``: the supervisor's settings, as :class:`LocalServer`);
+        a launcher that runs something else under the same supervision overrides
+        :attr:`server_class` or this."""
+        return self.server_class(name, vllm_spec, **kw)
 
     def _ports(self) -> dict[str, int]:
         """Configured ports (checked free by the pre-flight), 0s replaced by free ones."""

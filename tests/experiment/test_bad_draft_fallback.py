@@ -218,9 +218,9 @@ class SlowRestartServer(FakeServer):
 class SlowRestartFakeStack(FakeStack):
     launcher = "fake-slow-restart"
 
-    def new_server(self, name, model_dir, **kw):
+    def new_server(self, name, vllm_spec, **kw):
         cls = SlowRestartServer if name == "spec" else FakeServer
-        return cls(name, model_dir, fake_args=self.fake_args.get(name, []), **kw)
+        return cls(name, vllm_spec, fake_args=self.fake_args.get(name, []), **kw)
 
 
 @pytest.mark.nightly   # the mechanism is tested in tests/faults/test_draft_swap.py (seconds); this is the whole run

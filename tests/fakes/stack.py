@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from harness.stack.launchers import register_launcher
 from harness.stack.local import LocalServer, LocalStack
+from harness.stack.vllm_server import VllmSpec
 from tests.fakes.launch import FakeServer
 
 __all__ = ["FakeStack", "MismatchFakeStack", "QuickFakeStack", "register_fake_launchers", "FAKE_LAUNCHERS"]
@@ -27,8 +28,8 @@ class FakeStack(LocalStack):
     #: Fake-only flags per server name (see :mod:`tests.fakes.fake_vllm`).
     fake_args: ClassVar[dict[str, list[str]]] = {}
 
-    def new_server(self, name: str, model_dir: Path, **kw: Any) -> LocalServer:
-        return FakeServer(name, model_dir, fake_args=self.fake_args.get(name, []), **kw)
+    def new_server(self, name: str, vllm_spec: VllmSpec, **kw: Any) -> LocalServer:
+        return FakeServer(name, vllm_spec, fake_args=self.fake_args.get(name, []), **kw)
 
 
 class MismatchFakeStack(FakeStack):

@@ -13,6 +13,7 @@ import pytest
 
 from harness.stack import procs
 from harness.stack.local import LocalServer
+from harness.stack.vllm_server import VllmSpec
 from harness.stack.models import CALIBRATION_OUTPUT_TOKENS, build_models, calibration_prompts, read_acceptance
 from harness.ports import free_ports
 from harness.stack.vllm import speculative_config, vllm_distribution
@@ -41,9 +42,9 @@ def test_a_calibrated_draft_serves_the_acceptance_in_the_manifest(tmp_path, draf
     build_models(MODELS)
     expected = read_acceptance(MODELS, draft)
     assert expected is not None
-    s = LocalServer(f"spec-{draft}", MODELS / "target", port=free_ports("127.0.0.1", 1)[0], dtype="float32",
-                    speculative_config=speculative_config("draft_model", MODELS / draft, 4),
-                    log_path=tmp_path / "spec-server.log", startup_timeout_s=300)
+    s = LocalServer(f"spec-{draft}", VllmSpec(MODELS / "target", dtype="float32",
+                                              speculative_config=speculative_config("draft_model", MODELS / draft, 4)),
+                    port=free_ports("127.0.0.1", 1)[0], log_path=tmp_path / "spec-server.log", startup_timeout_s=300)
     t0 = time.monotonic()
     try:
         s.start()

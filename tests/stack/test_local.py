@@ -22,6 +22,7 @@ from harness.errors import StackError
 from harness.stack.config import StackConfig
 from harness.stack import procs
 from harness.stack.local import LocalServer, LocalStack
+from harness.stack.vllm_server import VllmSpec
 from harness.ports import free_ports
 from harness.stack.vllm import vllm_distribution
 from tests.conftest import REAL_STACK
@@ -135,7 +136,7 @@ def test_bind_failure_is_a_start_error_and_leaves_nothing(real_stack, tmp_path):
         sock.listen()
         port = sock.getsockname()[1]
         ref = real_stack.stack.servers["ref"]
-        s = LocalServer("busy", ref.model_dir, port=port, log_path=tmp_path / "busy-server.log",
+        s = LocalServer("busy", VllmSpec(ref.model_dir), port=port, log_path=tmp_path / "busy-server.log",
                         startup_timeout_s=300)
         try:
             s.start()
@@ -159,8 +160,8 @@ def test_a_kv_cache_too_small_is_refused_at_start_with_vllms_error(real_stack, t
     blocks (512 tokens) cannot hold one 1,024-token sequence, and vLLM refuses to start;
     the start error carries vLLM's own reason, within the startup time of a server."""
     ref = real_stack.stack.servers["ref"]
-    s = LocalServer("small-kv", ref.model_dir, port=free_ports("127.0.0.1", 1)[0], kv_cache_blocks=4,
-                    max_model_len=1024, dtype="float32", log_path=tmp_path / "small-kv-server.log",
+    s = LocalServer("small-kv", VllmSpec(ref.model_dir, kv_cache_blocks=4, max_model_len=1024, dtype="float32"),
+                    port=free_ports("127.0.0.1", 1)[0], log_path=tmp_path / "small-kv-server.log",
                     startup_timeout_s=300)
     t0 = time.monotonic()
     try:

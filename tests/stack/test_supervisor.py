@@ -24,6 +24,7 @@ from harness.errors import ModelError, StackError
 from harness.stack import procs
 from harness.stack.config import RestartPolicy, StackConfig
 from harness.stack.local import LocalServer, LocalStack
+from harness.stack.vllm_server import VllmSpec
 from harness.ports import free_ports, port_in_use, wait_port_free
 from harness.stack.vllm import last_meaningful_line, speculative_config
 from harness.timeline import Timeline
@@ -256,10 +257,12 @@ def test_harness_killed_leaves_no_orphans(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import json, sys, time
         sys.path.insert(0, {str(FAKE_PATH.parents[2])!r})
+        from pathlib import Path
         from tests.fakes import FakeServer
+        from harness.stack.vllm_server import VllmSpec
         from harness.ports import free_ports
         from harness.stack import procs
-        s = FakeServer("spec", "m", port=free_ports("127.0.0.1", 1)[0], log_path={str(tmp_path / 'log')!r},
+        s = FakeServer("spec", VllmSpec(Path("m")), port=free_ports("127.0.0.1", 1)[0], log_path={str(tmp_path / 'log')!r},
                        fake_args=["--orphans"])
         s.start(); s.wait_ready(20)
         api = s.api_process()
@@ -319,8 +322,9 @@ def test_last_meaningful_line(tmp_path):
 def test_command_and_environment(tmp_path, monkeypatch):
     from harness.stack import vllm
 
-    s = LocalServer("spec", tmp_path / "target", port=1234, log_path=tmp_path / "l", kv_cache_gib=2.7,
-                    speculative_config=speculative_config("draft_model", "/m/draft", 4), extra_args=["--foo"])
+    s = LocalServer("spec", VllmSpec(tmp_path / "target", kv_cache_gib=2.7, extra_args=("--foo",),
+                                     speculative_config=speculative_config("draft_model", "/m/draft", 4)),
+                    port=1234, log_path=tmp_path / "l")
     cmd = s.command()
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--model") + 1] == str(tmp_path / "target")
@@ -334,7 +338,7 @@ def test_command_and_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm, "vllm_distribution", lambda: ("vllm", "0.11.0"))
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert "VLLM_CPU_KVCACHE_SPACE" not in s.environment()
-    ref = LocalServer("ref", tmp_path / "target", port=1, log_path=tmp_path / "l", kv_cache_gib=0.5)
+    ref = LocalServer("ref", VllmSpec(tmp_path / "target", kv_cache_gib=0.5), port=1, log_path=tmp_path / "l")
     assert "--speculative-config" not in ref.command()
 
 
