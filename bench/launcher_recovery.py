@@ -91,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {f: (round(med["docker"][f] / med["local"][f], 3) if med["docker"][f] and med["local"][f] else None)
               for f in FIGURES}
     print(f"{'figure (median s)':28} {'local':>8} {'docker':>8} {'docker/local':>13}")
+    def cell(v: float | None, width: int) -> str:
+        return f"{v:{width}.2f}" if v is not None else f"{'-':>{width}}"
+
     for f in FIGURES:
-        lo, dk = med["local"][f], med["docker"][f]
-        print(f"{f:28} {lo if lo is not None else '-':>8} {dk if dk is not None else '-':>8} "
-              f"{ratios[f] if ratios[f] is not None else '-':>13}")
+        print(f"{f:28} {cell(med['local'][f], 8)} {cell(med['docker'][f], 8)} {cell(ratios[f], 13)}")
     print(json.dumps({"local": {f: [r[f] for r in results["local"]] for f in FIGURES},
                       "docker": {f: [r[f] for r in results["docker"]] for f in FIGURES}, "ratios": ratios}))
     return 0 if all(r["verdict"] == "pass" for rs in results.values() for r in rs) else 1

@@ -209,3 +209,16 @@ def test_sweep_overhead_quick():
     for side in ("reuse", "fresh"):
         assert 0 < out[side]["harness_cpu_per_run_s"] < out[side]["wall_per_run_s"]
         assert 0 < out[side]["analysis_cpu_per_cell_s"] and 0 < out[side]["harness_cpu_share"] < 1
+
+
+def test_launcher_recovery_refuses_bad_arguments_and_a_missing_engine(tmp_path):
+    """bench/launcher_recovery.py: exit 2 on ``--repeat 0``, and exit 2 with one line naming
+    the engine when no Docker engine answers at ``DOCKER_HOST``."""
+    script = str(BENCH / "launcher_recovery.py")
+    bad = subprocess.run([sys.executable, script, "--repeat", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--repeat must be at least 1" in bad.stderr
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    none = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60, env=env)
+    assert none.returncode == 2, none.stdout + none.stderr
+    lines = none.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launcher_recovery: ") and "no-engine.sock" in lines[0], none.stderr
