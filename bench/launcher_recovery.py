@@ -14,7 +14,7 @@ median. The host is shared and noisy: read ratios, not absolute times.
 
 The last line is a JSON object: ``{"local": {figure: [s...]}, "docker": {...},
 "ratios": {figure: docker median / local median}}``. Needs a Docker engine
-(``eval "$(ci/docker-engine.sh start)"``). Exit 0; 1 when a run did not pass; 2 on bad
+(``export "$(ci/docker-engine.sh start)"``). Exit 0; 1 when a run did not pass; 2 on bad
 arguments or no engine.
 """
 

@@ -4,8 +4,8 @@
 #
 #   ci/docker-engine.sh start    install docker.io when dockerd is missing (apt-get, as root), start the engine
 #                                (an engine already running there is reused) and print the one line
-#                                DOCKER_HOST=unix://DIR/docker.sock   -> eval "$(ci/docker-engine.sh start)"
-#                                or export "$(ci/docker-engine.sh start)"
+#                                DOCKER_HOST=unix://DIR/docker.sock   -> export "$(ci/docker-engine.sh start)"
+#                                (export, not eval: the harness's processes must see it in their environment)
 #   ci/docker-engine.sh stop     stop it (SIGTERM, then SIGKILL after 20 s) and unmount what it leaves mounted
 #   ci/docker-engine.sh status   say whether it runs (exit 0) or not (exit 1)
 #

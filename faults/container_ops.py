@@ -77,7 +77,7 @@ def client_for(facts: dict[str, Any]) -> docker.DockerClient:
         return client
     except _ERRORS as exc:
         raise FaultError(f"Docker engine {engine or '$DOCKER_HOST'} does not answer ({exc})",
-                         where=str(facts.get("container_name")), hint='start it: eval "$(ci/docker-engine.sh start)"')
+                         where=str(facts.get("container_name")), hint='start it: export "$(ci/docker-engine.sh start)"')
 
 
 def _call(what: str, c: Any, fn: Any, *args: Any, **kw: Any) -> Any:

@@ -120,6 +120,11 @@ def timeline_series(records: list[RequestRecord], t0: float, t1: float, width_s:
             "tokens_per_s": tokens / width_s, "error_rate": error_rate, "ended": ended}
 
 
+class NothingToPlot(ValueError):
+    """The run recorded no timeline event and no request (it ended before the stack or the
+    load started): no plot, and nothing wrong with the plotting."""
+
+
 def _span(events: list[dict[str, Any]], records: list[RequestRecord]) -> tuple[float, float]:
     """``(start, end)`` of the plot in epoch s: the load's start (else the first event or
     send) to its stop (else the last event or record end)."""
@@ -129,7 +134,7 @@ def _span(events: list[dict[str, Any]], records: list[RequestRecord]) -> tuple[f
     t1 = stops[-1] if stops else max([e["t"] for e in events] + [r.end_time or r.send_time for r in records],
                                      default=None)
     if t0 is None or t1 is None:
-        raise ValueError("nothing to plot: no timeline events and no request records")
+        raise NothingToPlot("nothing to plot: no timeline events and no request records")
     return float(t0), float(max(t1, t0 + 1.0))
 
 
@@ -271,5 +276,9 @@ def try_plot_timeline(run_dir: str | Path, out: str | Path | None = None,
     try:
         return plot_timeline(run_dir, out, title=title), None
     except Exception as exc:  # noqa: BLE001  (a reading aid: any failure is reported, never raised)
-        log.warning("timeline plot of %s failed: %s: %s", run_dir, type(exc).__name__, exc, exc_info=True)
+        if isinstance(exc, NothingToPlot):
+            log.info("no timeline plot of %s: %s", run_dir, exc)
+        else:   # one line; the traceback at debug level
+            log.warning("timeline plot of %s failed: %s: %s", run_dir, type(exc).__name__, exc)
+            log.debug("timeline plot of %s failed", run_dir, exc_info=True)
         return None, f"timeline plot failed: {type(exc).__name__}: {exc}"

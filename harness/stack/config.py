@@ -69,6 +69,21 @@ class DockerConfig(_Strict):
     #: GPUs given to each container (device requests): 0 none, a count, or ``"all"``.
     gpus: int | Literal["all"] = Field(0)
 
+    @field_validator("cpuset_cpus", mode="before")
+    @classmethod
+    def _one_cpu_as_number(cls, v: object) -> object:
+        """``cpuset_cpus: 1`` (YAML or ``--set``, a number) means CPU ``"1"``."""
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    def cpus(self) -> set[int]:
+        """The CPU numbers :attr:`cpuset_cpus` names (``"0-2,5"`` → {0, 1, 2, 5}); empty when not given."""
+        out: set[int] = set()
+        for part in (self.cpuset_cpus or "").split(","):
+            if part:
+                lo, _, hi = part.partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+
 
 class StackConfig(_Strict):
     """What to start: a speculative server (``spec``) and a non-speculative reference

@@ -3,7 +3,7 @@ supervised by the harness exactly as a local process is (:mod:`harness.stack.sup
 
 ``stack: {launcher: docker}`` (or ``specchaos run FILE --launcher docker``) with the
 optional ``stack.docker`` block (:class:`harness.stack.config.DockerConfig`). The engine is
-the one ``$DOCKER_HOST`` names (``eval "$(ci/docker-engine.sh start)"`` starts a private
+the one ``$DOCKER_HOST`` names (``export "$(ci/docker-engine.sh start)"`` starts a private
 one); :func:`harness.stack.docker_engine.engine_client` says what to do when none answers.
 
 One container per incarnation of a server (``spec`` and ``ref``):
@@ -332,12 +332,35 @@ class DockerStack(LocalStack):
 
     @classmethod
     def preflight(cls, cfg: StackConfig, where: str) -> None:
-        """Validate-time checks: the models and ports as locally; the engine is contacted at start.
+        """Validate-time checks, before anything starts: the models and ports as locally; an
+        engine answers at ``$DOCKER_HOST``; the configured image is on it; the configured
+        CPUs (``stack.docker.cpuset_cpus``) are the engine's.
 
         Raises:
             ModelError, StackError: as :func:`harness.stack.preflight.check_stack`.
+            StackError: no engine answers (``where`` ``$DOCKER_HOST``), the image is missing
+                (``stack.docker.image``), or a CPU the engine does not have
+                (``stack.docker.cpuset_cpus``).
         """
         check_stack(cfg, where=where)
+        opts = cfg.docker
+        client = engine_client(timeout_s=10)
+        try:
+            if opts.image:
+                try:
+                    client.images.get(opts.image)
+                except docker.errors.ImageNotFound:
+                    raise StackError(f"image {opts.image!r} is not on the Docker engine", where="stack.docker.image",
+                                     hint=f"`docker pull {opts.image}` where a registry is reachable, or leave "
+                                          f"stack.docker.image out for the host-root image") from None
+            if opts.cpuset_cpus:
+                ncpu = int(client.info().get("NCPU") or 0)
+                if ncpu and (missing := sorted(c for c in opts.cpus() if c >= ncpu)):
+                    raise StackError(f"cpuset_cpus {opts.cpuset_cpus!r} names CPU(s) {missing} the engine does not "
+                                     f"have (it has {ncpu}: 0-{ncpu - 1})", where="stack.docker.cpuset_cpus",
+                                     hint=f"pick CPUs in 0-{ncpu - 1}, or leave it out for all")
+        finally:
+            client.close()
 
     def start(self) -> None:
         """Contact the engine, find or build the image, then start as

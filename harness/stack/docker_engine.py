@@ -40,7 +40,7 @@ DEFAULT_IMAGE = "specchaos/host-root"
 #: The label every image built here carries.
 IMAGE_LABEL = "io.specchaos.image"
 #: What to do when no engine answers.
-ENGINE_HINT = 'start one: eval "$(ci/docker-engine.sh start)" (a private engine), or set DOCKER_HOST'
+ENGINE_HINT = 'start one: export "$(ci/docker-engine.sh start)" (a private engine), or set DOCKER_HOST'
 
 # (path, kind, target) of the host root: kind "dir" or "link"
 _ROOT: tuple[tuple[str, str, str], ...] = (

@@ -316,7 +316,7 @@ def test_plot_of_an_empty_directory_raises_and_try_reports(tmp_path):
     with pytest.raises(ValueError, match="nothing to plot"):
         plot_timeline(tmp_path)
     path, err = timeline_plot.try_plot_timeline(tmp_path)
-    assert path is None and err.startswith("timeline plot failed: ValueError")
+    assert path is None and err.startswith("timeline plot failed: NothingToPlot: nothing to plot")
 
 
 def test_plot_without_scraped_metrics_still_draws(run_dir):

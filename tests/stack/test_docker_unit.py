@@ -15,6 +15,7 @@ import yaml
 from harness.errors import SpecchaosError, StackError
 from harness.experiment.overrides import Override
 from harness.experiment.validate import load_experiment
+from harness.stack.config import DockerConfig
 from harness.stack.container import as_returncode
 from harness.stack.docker_engine import engine_client, host_mounts, host_root_tar, outermost
 from tests.experiment.files import EXPERIMENTS, MODELS, experiment_files, needs_real_models
@@ -29,7 +30,7 @@ DOCKER = Override("stack.launcher", "docker", "--launcher")
 @pytest.mark.parametrize("path", [p for p in experiment_files() if p.name not in ("external-endpoint.yaml",
                                                                                  "gpu-health.yaml")],  # needs a GPU anyway
                          ids=lambda p: str(p.relative_to(EXPERIMENTS)))
-def test_every_shipped_experiment_validates_with_the_docker_launcher(path):
+def test_every_shipped_experiment_validates_with_the_docker_launcher(path, docker_engine):
     if needs_real_models(path):
         pytest.skip("needs models-real/")
     exp = load_experiment(path, overrides=[DOCKER])
@@ -46,7 +47,7 @@ def variant(tmp: Path, **arguments) -> Path:
 
 
 @pytest.mark.skipif(not (MODELS / "manifest.json").exists(), reason="models not built (make test builds them)")
-def test_a_container_kill_is_refused_on_the_local_launcher(tmp_path):
+def test_a_container_kill_is_refused_on_the_local_launcher(tmp_path, docker_engine):
     res = cli("validate", str(variant(tmp_path, role="container")))
     assert_one_line_error(res, "method[0].provider", "process-kill", "capability `containers`",
                           "launcher `local` starts vLLM as local processes", "use launcher docker")
@@ -118,3 +119,30 @@ def test_no_engine_is_one_line_naming_where_and_what_to_do(monkeypatch, tmp_path
 def test_the_engine_script_refuses_an_unknown_command():
     res = subprocess.run([str(ROOT / "ci" / "docker-engine.sh"), "restart"], capture_output=True, text=True)
     assert res.returncode == 2 and "unknown command 'restart' (start, stop, status)" in res.stderr
+
+
+@pytest.mark.skipif(not (MODELS / "manifest.json").exists(), reason="models not built (make test builds them)")
+def test_validate_refuses_a_missing_engine_before_anything_starts(tmp_path, monkeypatch):
+    """``validate`` (and so ``run``) contacts the engine: none answering is one line naming
+    ``$DOCKER_HOST``, exit 2, and no run directory, container or process."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    res = cli("validate", str(variant(tmp_path)), "--launcher", "docker")
+    assert_one_line_error(res, "$DOCKER_HOST", "no Docker engine answers", "ci/docker-engine.sh start")
+    res = cli("run", str(variant(tmp_path)), "--launcher", "docker", "--out", str(tmp_path / "out"))
+    assert_one_line_error(res, "$DOCKER_HOST", "no Docker engine answers")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not (MODELS / "manifest.json").exists(), reason="models not built (make test builds them)")
+@pytest.mark.parametrize("setting, needles", [
+    ("stack.docker.image=specchaos/nosuch:tag", ["stack.docker.image", "is not on the Docker engine"]),
+    ("stack.docker.cpuset_cpus=4096", ["stack.docker.cpuset_cpus", "CPU(s) [4096]", "the engine does not have"]),
+])
+def test_validate_refuses_an_image_or_cpus_the_engine_lacks(tmp_path, docker_engine, setting, needles):
+    res = cli("validate", str(variant(tmp_path)), "--launcher", "docker", "--set", setting)
+    assert_one_line_error(res, *needles)
+
+
+def test_cpuset_cpus_takes_a_number_and_names_its_cpus():
+    assert DockerConfig(cpuset_cpus=1).cpuset_cpus == "1"
+    assert DockerConfig(cpuset_cpus="0-2,5").cpus() == {0, 1, 2, 5} and DockerConfig().cpus() == set()
