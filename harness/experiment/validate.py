@@ -171,6 +171,9 @@ def check_keys(doc: dict[str, Any], where: str) -> None:
     Raises:
         ExperimentError: one line naming the key's path, the nearest known key and the known keys.
     """
+    if "matrix" in doc and "method" not in doc:   # a sweep file (harness.experiment.sweep), not an experiment
+        raise ExperimentError("this is a sweep file (a top-level matrix), not an experiment",
+                              where=f"{where}: matrix", hint=f"run it with `specchaos sweep {where}`")
     _refuse_unknown(doc, EXPERIMENT_KEYS, f"{where}:")
     _refuse_unknown(doc.get("steady-state-hypothesis"), HYPOTHESIS_KEYS, f"{where}: steady-state-hypothesis")
     for loc, activity in _activities(doc):

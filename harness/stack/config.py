@@ -215,8 +215,10 @@ class StackConfig(_Strict):
         if v is None:
             return v
         parts = urlsplit(v.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
-            raise ValueError(f"{v!r} is not a server root URL: give http(s)://host:port (no path)")
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query \
+                or parts.fragment or parts.username is not None or parts.port == 0:
+            raise ValueError(f"{v!r} is not a server root URL: give http(s)://host:port (no path, query, fragment, "
+                             f"user or port 0)")
         allowed = {h.strip().strip("[]").lower() for h in info.data.get("allow_hosts") or []}
         if not is_loopback_host(parts.hostname) and parts.hostname.lower() not in allowed:
             raise ValueError(f"host {parts.hostname!r} is not loopback and not in stack.allow_hosts: add it to "

@@ -198,3 +198,10 @@ def test_bad_sweep_files_are_one_line(tmp_path, models_built, change, needles):
 
 def test_a_missing_sweep_file_is_one_line(tmp_path):
     assert_one_line_error(cli("sweep", str(tmp_path / "none.yaml")), "no such sweep file")
+
+
+def test_validate_of_a_sweep_file_says_it_is_one(tmp_path):
+    """A sweep file given to ``validate`` (or ``run``) is named as one, with the command that
+    runs it: one line, exit 2."""
+    sweep = ROOT / "experiments" / "sweep-speculation.yaml"
+    assert_one_line_error(cli("validate", str(sweep)), "this is a sweep file", "specchaos sweep")

@@ -128,6 +128,9 @@ def test_a_host_off_loopback_needs_the_allow_list(url):
 @pytest.mark.parametrize("sets, needles", [
     (["stack.spec_url=http://127.0.0.1:8000/v1"], ["stack.spec_url", "not a server root URL"]),
     (["stack.spec_url=ftp://127.0.0.1:8000"], ["stack.spec_url", "not a server root URL"]),
+    (["stack.spec_url=http://127.0.0.1:8000#@10.0.0.5"], ["stack.spec_url", "not a server root URL"]),
+    (["stack.spec_url=http://user:pw@127.0.0.1:8000"], ["stack.spec_url", "not a server root URL"]),
+    (["stack.spec_url=http://127.0.0.1:0"], ["stack.spec_url", "not a server root URL"]),
     (["stack.spec_url=null"], ["set stack.spec_url"]),
     (["stack.reference=true"], ["needs stack.reference_url"]),
 ])
