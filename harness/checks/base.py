@@ -91,6 +91,9 @@ class RecordedRun:
             checks and its report section (keyed by family name).
         ref_records: mirror mode's load records sent to the reference (plain) server
             (``server == "ref"``); empty without mirror mode.
+        load_stats: the open loop's own account (``load_stats.json``, merged over workers:
+            arrivals, drops, the pacer's lag, :func:`harness.load.profiles.read_load_stats`);
+            None for a closed loop.
     """
 
     records: list[RequestRecord]
@@ -105,6 +108,7 @@ class RecordedRun:
     run_dir: Path | None = None
     memo: dict[str, Any] = field(default_factory=dict)
     ref_records: list[RequestRecord] = field(default_factory=list)
+    load_stats: dict[str, Any] | None = None
 
     @property
     def soak(self) -> bool:

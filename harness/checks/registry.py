@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from harness.checks import (acceptance_floor, availability, breaker, client_abort, fail_fast, fault, gpu, hang, integrity,
-                            liveness, mirror, orphans, recovery, safeguards, server_memory, slo, speculation,
+                            liveness, mirror, orphans, pacing, recovery, safeguards, server_memory, slo, speculation,
                             soak, steady_state, steps)
 from harness.checks.base import Check, RecordedRun
 
@@ -53,6 +53,7 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
     CheckFamily("safeguards", safeguards.check, safeguards.section),
     CheckFamily("steps", steps.check, steps.section),
     CheckFamily("soak", soak.check, soak.section),
+    CheckFamily("pacing", pacing.check, pacing.section),
 )}
 
 

@@ -4,7 +4,8 @@ files, split the load into phases and compute each phase's metrics. Reads files 
 Files (missing ones count as empty): ``records.jsonl`` (load records; the speculative
 server's are judged by every check, mirror mode's requests to the reference server are
 kept apart in ``RecordedRun.ref_records``),
-``reference.jsonl`` (the non-speculative reference), ``timeline.jsonl``.
+``reference.jsonl`` (the non-speculative reference), ``timeline.jsonl``, ``load_stats.json``
+(the open loop's account, its workers' files merged).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from harness.checks.base import RecordedRun
 from harness.checks.config import CheckLimits
+from harness.load.profiles import read_load_stats
 from harness.load.records import RequestRecord, is_complete, is_ref_load, is_spec_load, read_records
 from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
 from harness.timeline import fault_summary, read_timeline
@@ -61,5 +63,7 @@ def recorded_run(records: list[RequestRecord], reference: list[RequestRecord], e
 def load_run(run_dir: str | Path, limits: CheckLimits, journal: dict | None = None) -> RecordedRun:
     """Read a run directory (see module doc) into a :class:`RecordedRun`."""
     d = Path(run_dir)
-    return recorded_run(read_records(d / "records.jsonl"), read_records(d / "reference.jsonl"),
-                        read_timeline(d / "timeline.jsonl"), limits, journal=journal, run_dir=d)
+    run = recorded_run(read_records(d / "records.jsonl"), read_records(d / "reference.jsonl"),
+                       read_timeline(d / "timeline.jsonl"), limits, journal=journal, run_dir=d)
+    run.load_stats = read_load_stats(d / "load_stats.json")
+    return run

@@ -415,6 +415,12 @@ class LoadConfig(BaseModel):
     # --- distributed load: locust's own master/worker mode on loopback; 0 = one locust
     # process. See harness.load.locust_process.
     workers: int = Field(0, ge=0, le=64)
+    #: The pacer's lag limit (seconds): with an open loop or a trace replay, the 99th
+    #: percentile of how late arrivals were sent after their planned instants
+    #: (``load_stats.json``, :mod:`harness.load.lag`) must not exceed it, since a late
+    #: pacer changes the load under test (check ``pacing.lag_p99_s``). None: the lag is
+    #: reported, not judged.
+    max_lag_p99_s: float | None = Field(None, gt=0)
 
     @field_validator("buckets")
     @classmethod

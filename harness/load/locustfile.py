@@ -124,10 +124,11 @@ from harness.errors import LoadError, first_error
 from harness.load.client import check_loopback_url, make_client, stream_completion, user_message
 from harness.load.config import GREEDY, PLAIN, ProfileConfig, RequestClass, RetryConfig, SamplingClass
 from harness.load.endpoints import ENDPOINTS
-from harness.load.profiles import Walk, arrivals, share, timed, trace_period_s, users_at
+from harness.load.profiles import Walk, arrivals, lag_fields, share, timed, trace_period_s, users_at
 from harness.load.prompts import Prompt, load_prompt_set
 from harness.load.records import RequestRecord, append_record, worker_records_path
 from harness.load.retry import backoff_s, retryable
+from harness.load.lag import LagHistogram
 
 log = logging.getLogger(__name__)
 
@@ -484,7 +485,9 @@ def _graceful_sigterm_with_a_shape(environment, **_kwargs) -> None:
 class OpenLoopStats:
     """The open loop's own account, written to ``load_stats.json`` beside the records:
     arrivals due so far, those dropped (``max_in_flight`` requests were in flight), and the
-    scheduler's lateness (seconds between an arrival's planned instant and its start)."""
+    scheduler's lateness (lag: seconds between an arrival's planned instant and its start)
+    as a bounded histogram (:class:`harness.metrics.lag.LagHistogram`) with its summary
+    (``lag_p50_s`` … ``lag_max_s``, ``share_late_1ms``, ``share_late_10ms``) beside it."""
 
     kind: str = "open"
     rate: float = 0.0
@@ -492,18 +495,26 @@ class OpenLoopStats:
     max_in_flight: int = 0
     arrivals: int = 0
     dropped: int = 0
-    max_lag_s: float = 0.0
-    mean_lag_s: float = 0.0
+    lag: LagHistogram = field(default_factory=LagHistogram)
 
     def write(self, path: Path) -> None:
+        data = {k: v for k, v in self.__dict__.items() if k != "lag"}
+        data.update(lag_fields(self.lag))
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, path)
 
 
 #: ``load_stats.json`` beside the records file (a worker's: ``load_stats.worker<i>.json``).
 STATS_PATH = (worker_records_path(SETTINGS.records_path.with_name("load_stats.json"), SETTINGS.worker_index)
               if SETTINGS.worker_count > 0 else SETTINGS.records_path.with_name("load_stats.json"))
+
+
+def _sleep_until(deadline: float) -> None:
+    """Sleep on the event loop's timer until ``time.monotonic()`` reaches ``deadline``."""
+    wait = deadline - time.monotonic()
+    if wait > 0:
+        gevent.sleep(wait)
 
 
 class OpenLoopUser(User):
@@ -549,23 +560,17 @@ class OpenLoopUser(User):
         p = SETTINGS.profile
         walk = Walk(SETTINGS.prompts, SETTINGS.sampling, SETTINGS.seed, 0, _walk_classes())
         t0 = time.monotonic()
-        lag_sum = 0.0
         for i, at in enumerate(arrivals(p, SETTINGS.prompts, SETTINGS.seed)):
             prompt, sampling = walk.next()   # the i-th arrival takes the walk's i-th request, sent or not
             request_class = _sent_class(walk)
             if i % self.stride != self.part:
                 continue                     # another worker's arrival
-            wait = at - (time.monotonic() - t0)
-            if wait > 0:
-                gevent.sleep(wait)
+            _sleep_until(t0 + at)
             if _stopping or _quitting:
                 break
-            lag = max(0.0, time.monotonic() - t0 - at)
             st = self.stats
             st.arrivals += 1
-            st.max_lag_s = max(st.max_lag_s, lag)
-            lag_sum += lag
-            st.mean_lag_s = lag_sum / st.arrivals
+            st.lag.add(time.monotonic() - t0 - at)
             if len(self.pool) >= st.max_in_flight:
                 st.dropped += 1
                 continue

@@ -42,11 +42,12 @@ import itertools
 import json
 import math
 import random
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from harness.load.config import GREEDY, PLAIN, LoadConfig, ProfileConfig, RequestClass, SamplingClass
+from harness.load.lag import LagHistogram
 from harness.load.prompts import Prompt
 from harness.load.records import worker_record_files
 from harness.load.retry import describe
@@ -367,12 +368,24 @@ def _read_json(path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def lag_fields(hist: LagHistogram) -> dict[str, Any]:
+    """A pacer's lag as ``load_stats.json`` holds it: the histogram (``lag_histogram``) and
+    its summary in seconds and fractions of arrivals (``lag_p50_s``, ``lag_p95_s``,
+    ``lag_p99_s``, ``lag_max_s``, ``lag_mean_s``, ``share_late_1ms``, ``share_late_10ms``;
+    None without arrivals)."""
+    s = hist.summary()
+    return {"lag_p50_s": s["p50_s"], "lag_p95_s": s["p95_s"], "lag_p99_s": s["p99_s"], "lag_max_s": s["max_s"],
+            "lag_mean_s": s["mean_s"], "share_late_1ms": s["share_late_1ms"],
+            "share_late_10ms": s["share_late_10ms"], "lag_histogram": hist.to_dict()}
+
+
 def read_load_stats(path) -> dict | None:
     """The open loop's ``load_stats.json`` (:class:`OpenLoopStats` in the locustfile), or
     None when absent or unreadable. With a distributed load (``load.workers``) each worker
     wrote its own ``load_stats.worker<i>.json`` beside it (``rate`` the run's, the others its
-    own part's): they are merged (arrivals, drops and ``max_in_flight`` summed, the largest ``max_lag_s``, ``mean_lag_s`` weighted by
-    arrivals) and ``workers`` says how many were read."""
+    own part's): they are merged (arrivals, drops and ``max_in_flight`` summed, the lag
+    histograms added and their summary taken again, :func:`lag_fields`) and ``workers``
+    says how many were read."""
     single = _read_json(path)
     if single is not None:
         return single
@@ -382,9 +395,9 @@ def read_load_stats(path) -> dict | None:
     merged = dict(parts[0])
     for key in ("arrivals", "dropped", "max_in_flight"):
         merged[key] = sum(int(d.get(key) or 0) for d in parts)
-    merged["max_lag_s"] = max(float(d.get("max_lag_s") or 0.0) for d in parts)
-    n = merged["arrivals"]
-    merged["mean_lag_s"] = (sum(float(d.get("mean_lag_s") or 0.0) * int(d.get("arrivals") or 0) for d in parts) / n
-                            if n else 0.0)
+    hist = LagHistogram()
+    for d in parts:
+        hist = hist.merge(LagHistogram.from_dict(d.get("lag_histogram")))
+    merged.update(lag_fields(hist))
     merged["workers"] = len(parts)
     return merged

@@ -157,7 +157,8 @@ def run_quick(script: str, timeout: float) -> dict:
 
 @pytest.mark.parametrize("script,arg", [("accuracy", "--pairs=0"), ("accuracy", "--users=0"),
                                         ("loadgen_capacity", "--users=0"), ("loadgen_capacity", "--seconds=0"),
-                                        ("sweep_overhead", "--phase-s=0")])
+                                        ("sweep_overhead", "--phase-s=0"), ("pacer_lag", "--rates=0"),
+                                        ("pacer_lag", "--seconds=0")])
 def test_bad_arguments_exit_2_with_one_line(script, arg):
     p = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), arg], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
@@ -166,6 +167,16 @@ def test_bad_arguments_exit_2_with_one_line(script, arg):
 
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+def test_pacer_lag_quick():
+    out = run_quick("pacer_lag", timeout=110)
+    assert set(out["rates"]) == {"50", "200"} and out["p99_ms_at_200"] is not None
+    for fig in out["rates"].values():
+        assert fig["arrivals"] > 0 and fig["dropped"] == 0
+        assert 0 <= fig["p50_ms"] <= fig["p95_ms"] <= fig["p99_ms"] <= fig["max_ms"]
+        assert 0 <= fig["share_late_10ms"] <= fig["share_late_1ms"] <= 1
 
 
 @pytest.mark.timeout(180)

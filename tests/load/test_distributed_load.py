@@ -23,7 +23,8 @@ from faults.cleanup import cleanup
 from harness import state
 from harness.experiment.config import LoadConfig
 from harness.load.locust_process import LocustProcess, exit_reason
-from harness.load.profiles import planned_requests, read_load_stats
+from harness.load.lag import LagHistogram
+from harness.load.profiles import lag_fields, planned_requests, read_load_stats
 from harness.load.records import read_records, worker_record_files, worker_records_path
 
 
@@ -111,18 +112,25 @@ def test_an_open_loop_runs_one_scheduler_per_worker(tmp_path):
 
 
 def test_worker_load_stats_are_merged(tmp_path):
-    def part(arrivals, dropped, max_lag, mean_lag, max_in_flight):
+    def part(arrivals, dropped, lags, max_in_flight):
+        hist = LagHistogram()
+        for lag in lags:
+            hist.add(lag)
         return {"kind": "open", "rate": 40.0, "burstiness": 1.0, "max_in_flight": max_in_flight,
-                "arrivals": arrivals, "dropped": dropped, "max_lag_s": max_lag, "mean_lag_s": mean_lag}
+                "arrivals": arrivals, "dropped": dropped, **lag_fields(hist)}
     path = tmp_path / "load_stats.json"
     assert read_load_stats(path) is None
-    worker_records_path(path, 0).write_text(json.dumps(part(30, 1, 0.004, 0.001, 32)))
-    worker_records_path(path, 1).write_text(json.dumps(part(10, 0, 0.010, 0.003, 32)))
+    worker_records_path(path, 0).write_text(json.dumps(part(30, 1, [0.0005] * 29 + [0.004], 32)))
+    worker_records_path(path, 1).write_text(json.dumps(part(10, 0, [0.002] * 9 + [0.010], 32)))
     merged = read_load_stats(path)
     assert merged["arrivals"] == 40 and merged["dropped"] == 1 and merged["max_in_flight"] == 64
-    assert merged["max_lag_s"] == 0.010 and merged["mean_lag_s"] == pytest.approx(0.0015)
+    # the histograms add: 40 lags, 11 of them above 1 ms, 0 above 10 ms (0.010 is not above)
+    assert merged["lag_histogram"]["n"] == 40 and merged["lag_max_s"] == 0.010
+    assert merged["share_late_1ms"] == pytest.approx(11 / 40) and merged["share_late_10ms"] == 0.0
+    assert merged["lag_mean_s"] == pytest.approx((29 * 0.0005 + 0.004 + 9 * 0.002 + 0.010) / 40)
+    assert merged["lag_p50_s"] == pytest.approx(0.0005, rel=0.13)
     assert merged["workers"] == 2 and merged["rate"] == 40.0
-    path.write_text(json.dumps(part(5, 0, 0.0, 0.0, 8)))     # a single process's file wins
+    path.write_text(json.dumps(part(5, 0, [0.0] * 5, 8)))     # a single process's file wins
     assert read_load_stats(path)["arrivals"] == 5
 
 
@@ -181,7 +189,7 @@ def test_an_open_loop_over_two_workers_sends_the_single_process_arrivals(server,
         mine = [p["prompt_id"] for i, p in enumerate(plan) if i % 2 == k]
         assert sent and [r["prompt_id"] for r in sent] == mine[:len(sent)], k
     assert stats["workers"] == 2 and stats["max_in_flight"] == 64 and stats["dropped"] == 0
-    assert stats["arrivals"] >= len(recs) and stats["max_lag_s"] < 0.5
+    assert stats["arrivals"] >= len(recs) and stats["lag_max_s"] < 0.5
     # together at the run's rate: the arrivals span what one process's plan needs for them
     span = max(r.send_time for r in recs) - min(r.send_time for r in recs)
     planned_span = plan[len(recs) - 1]["at_s"] - plan[0]["at_s"]
