@@ -55,6 +55,7 @@ from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments
 from harness.experiment.sweep import POLICY_FILE, plan_sweep, run_sweep
 from harness.experiment.schema import schema as json_schema
 from harness.experiment.validate import load_experiment
+from harness.load.source_prep import bucket_table
 from harness.report.allure import ALLURE_DIR_ENV
 from harness.report.compare import render_comparison, write_allure_comparison
 from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
@@ -88,6 +89,8 @@ def _setup_logging(verbose: int) -> None:
 
 def _fail(exc: SpecchaosError) -> None:
     err.print(f"specchaos: error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
+    for line in exc.details:
+        err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -210,6 +213,14 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
         return
     applied = f"; {len(exp.overrides)} override(s) applied" if exp.overrides else ""
     out.print(f"{file}: valid ({exp.title}){applied}", highlight=False)
+    if exp.requests is not None:
+        src = exp.cfg.load.source
+        assert src is not None
+        out.print(f"load.source {src.path}: {len(exp.requests)} request(s) by prompt-length bucket "
+                  f"({'load.buckets' if exp.cfg.load.buckets else 'derived: power-of-two ranges'}):", highlight=False)
+        for name, lo, hi, n, shortest, longest in bucket_table(exp.requests, exp.cfg.load):
+            out.print(f"  {name:<16} {lo:>7}-{hi:<7} tokens  {n:>6} prompt(s), {shortest}-{longest} measured",
+                      highlight=False)
 
 
 @app.command()

@@ -19,13 +19,18 @@ class SpecchaosError(Exception):
         message: what went wrong, one sentence.
         where: the file/field/endpoint concerned (e.g. ``"experiments/x.yaml: method[1].provider.arguments.role"``).
         hint: what to do about it.
+        details: further lines, one problem each, for an error that stands for several
+            (e.g. every bad line of a traffic source as ``FILE:LINE: reason``); the CLI
+            prints them below the one line, indented.
     """
 
-    def __init__(self, message: str, where: str | None = None, hint: str | None = None):
+    def __init__(self, message: str, where: str | None = None, hint: str | None = None,
+                 details: list[str] | None = None):
         super().__init__(message)
         self.message = message
         self.where = where
         self.hint = hint
+        self.details = list(details or [])
 
     def one_line(self) -> str:
         """The error as a single line: ``where: message (hint)``."""

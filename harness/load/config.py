@@ -57,7 +57,7 @@ from harness.load.endpoints import HARNESS_FIELDS, Endpoint, body_problem
 
 __all__ = ["LoadConfig", "PromptBucket", "SamplingClass", "RequestClass", "PLAIN", "FOLLOW_UP", "asked_max_tokens",
            "reference_comparable", "ProfileConfig", "RampConfig", "StepConfig", "RetryConfig",
-           "DEFAULT_BUCKETS", "GREEDY"]
+           "DEFAULT_BUCKETS", "GREEDY", "MIN_SYNTHETIC_PROMPT_TOKENS", "source_buckets"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _NAME_HINT = "1-32 characters: letters, digits, '_', '.', '-' (it names report rows and checks)"
@@ -74,19 +74,25 @@ Name = Annotated[str, AfterValidator(_check_name)]
 
 
 class PromptBucket(BaseModel):
-    """One prompt-length bucket: ``count`` prompts whose length in tokens (the target's
-    tokenizer, special tokens included, as vLLM's ``usage.prompt_tokens``) lies in
-    ``[min_prompt_tokens, max_prompt_tokens]``; each prompt draws its own target length
-    uniformly in that range. ``name`` becomes the requests' ``prompt_class``.
-    ``max_tokens`` (optional) is the output length asked for by this bucket's requests
-    (default: ``load.max_tokens``); with ``load.ignore_eos`` it is the output length."""
+    """One prompt-length bucket: prompts whose length in tokens (the target's tokenizer,
+    special tokens included, as vLLM's ``usage.prompt_tokens``) lies in
+    ``[min_prompt_tokens, max_prompt_tokens]``. ``name`` becomes the requests' ``prompt_class``.
+
+    For the synthetic prompt set, ``count`` prompts are built, each drawing its own target
+    length uniformly in the range; ``count`` is required and ``min_prompt_tokens`` is at
+    least :data:`MIN_SYNTHETIC_PROMPT_TOKENS` (the generator's shortest prompt). With a
+    traffic source (``load.source``) the bucket only sorts the source's prompts by measured
+    length: ``count`` is not needed (the source brings its prompts) and any length from 1
+    may be bucketed. ``max_tokens`` (optional) is the output length asked for by this
+    bucket's synthetic requests (default: ``load.max_tokens``); with ``load.ignore_eos`` it
+    is the output length."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: Name
-    min_prompt_tokens: int = Field(ge=8)
-    max_prompt_tokens: int = Field(ge=8)
-    count: int = Field(ge=0)
+    min_prompt_tokens: int = Field(ge=1)
+    max_prompt_tokens: int = Field(ge=1)
+    count: int | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
@@ -219,6 +225,28 @@ DEFAULT_BUCKETS: dict[str, tuple[int, int, int, int]] = {
     "medium": (124, 132, 120, 136),
     "long": (504, 520, 496, 528),
 }
+
+
+#: The shortest prompt (tokens) a synthetic bucket may ask for: the prompt generator
+#: builds prompts of at least 8 words (:func:`harness.load.prompts.build_bucketed_prompt_set`).
+MIN_SYNTHETIC_PROMPT_TOKENS = 8
+#: The longest prompt (tokens) the derived buckets of a traffic source cover
+#: (:func:`source_buckets`); a longer prompt would exceed any ``max_model_len`` served here.
+SOURCE_BUCKET_LIMIT = 2**20
+
+
+def source_buckets(limit: int = SOURCE_BUCKET_LIMIT) -> list[tuple[str, int, int, int, int, int]]:
+    """The buckets a traffic source's prompts fall into when ``load.buckets`` is not given:
+    contiguous power-of-two ranges ``1-16``, ``17-32``, ``33-64``, … up to ``limit`` tokens,
+    named by their range, so every length has exactly one bucket and none is refused. As
+    :meth:`LoadConfig.bucket_specs` gives them: ``(name, lo, hi, lo, hi, 0)`` (tokens,
+    inclusive; the count unused)."""
+    out: list[tuple[str, int, int, int, int, int]] = []
+    lo, hi = 1, 16
+    while lo <= limit:
+        out.append((f"{lo}-{hi}", lo, hi, lo, hi, 0))
+        lo, hi = hi + 1, hi * 2
+    return out
 
 
 #: The default buckets' count fields and their defaults.
@@ -503,6 +531,20 @@ class LoadConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _synthetic_buckets(self) -> "LoadConfig":
+        if self.source is not None or self.buckets is None:
+            return self
+        for i, b in enumerate(self.buckets):
+            if b.count is None:
+                raise ValueError(f"buckets[{i}] ({b.name}): count is required for the synthetic prompt set "
+                                 f"(only a load.source brings its own prompts)")
+            if b.min_prompt_tokens < MIN_SYNTHETIC_PROMPT_TOKENS:
+                raise ValueError(f"buckets[{i}] ({b.name}): min_prompt_tokens {b.min_prompt_tokens} is below "
+                                 f"{MIN_SYNTHETIC_PROMPT_TOKENS}, the shortest synthetic prompt (a load.source's "
+                                 f"buckets may start at 1)")
+        return self
+
+    @model_validator(mode="after")
     def _buckets_or_counts(self) -> "LoadConfig":
         legacy = [n for n in _LEGACY_COUNTS if getattr(self, n) is not None]
         if self.buckets is not None and legacy:
@@ -534,12 +576,16 @@ class LoadConfig(BaseModel):
 
     def bucket_specs(self) -> list[tuple[str, int, int, int, int, int]]:
         """The prompt set's buckets in order, as ``(name, target_lo, target_hi, accept_lo,
-        accept_hi, count)`` in tokens (see :func:`harness.load.prompts.build_prompt_set`)."""
+        accept_hi, count)`` in tokens (see :func:`harness.load.prompts.build_prompt_set`);
+        a traffic source without ``buckets`` gets :func:`source_buckets`, and a source's
+        buckets count 0 (the source brings its own prompts)."""
         if self.buckets is None:
+            if self.source is not None:
+                return source_buckets()
             counts = {"short": self.short_prompts, "medium": self.medium_prompts, "long": self.long_prompts}
             return [(n, *DEFAULT_BUCKETS[n], counts[n]) for n in DEFAULT_BUCKETS]
-        return [(b.name, b.min_prompt_tokens, b.max_prompt_tokens, b.min_prompt_tokens, b.max_prompt_tokens, b.count)
-                for b in self.buckets]
+        return [(b.name, b.min_prompt_tokens, b.max_prompt_tokens, b.min_prompt_tokens, b.max_prompt_tokens,
+                 0 if self.source is not None else (b.count or 0)) for b in self.buckets]
 
     def bucket_names(self) -> list[str]:
         """Bucket names in their configured order."""

@@ -19,7 +19,7 @@ from harness.load.config import LoadConfig
 from harness.load.prompts import Prompt
 from harness.load.sources import RequestSpec, load_source
 
-__all__ = ["prepare_source", "source_path", "source_prompts"]
+__all__ = ["bucket_table", "prepare_source", "source_path", "source_prompts"]
 
 
 def source_path(load: LoadConfig, base_dir: str | Path) -> Path:
@@ -62,10 +62,26 @@ def prepare_source(load: LoadConfig, base_dir: str | Path, *, tokenizer_dir: str
         ranges = ", ".join(f"{b[0]} {b[3]}-{b[4]}" for b in load.bucket_specs())
         raise SourceError(f"prompt of {s.prompt_tokens} tokens is in no prompt-length bucket ({ranges}); "
                           f"{len(outside)} such prompts", where=s.origin,
-                          hint="set load.buckets to cover the source's prompt lengths")
+                          hint="widen load.buckets to cover the source's prompt lengths, or leave load.buckets "
+                               "out: a source is then bucketed by power-of-two ranges that cover every length",
+                          details=[f"{o.origin}: {o.prompt_tokens} tokens" for o in outside[:20]]
+                          + ([f"and {len(outside) - 20} more"] if len(outside) > 20 else []))
     if src.order == "shuffled":
         random.Random(load.seed).shuffle(inside)
     return inside[:src.limit] if src.limit else inside
+
+
+def bucket_table(specs: list[RequestSpec], load: LoadConfig) -> list[tuple[str, int, int, int, int, int]]:
+    """The buckets a prepared source fell into, for ``specchaos validate`` to print: per
+    bucket that holds any prompt, in bucket order, ``(name, lo, hi, prompts, shortest,
+    longest)`` (tokens; ``lo``/``hi`` the bucket's range, ``shortest``/``longest`` the
+    measured prompts')."""
+    lengths: dict[str, list[int]] = {}
+    for s in specs:
+        if s.prompt_class is not None and s.prompt_tokens is not None:
+            lengths.setdefault(s.prompt_class, []).append(s.prompt_tokens)
+    return [(name, lo, hi, len(lengths[name]), min(lengths[name]), max(lengths[name]))
+            for name, _tlo, _thi, lo, hi, _n in load.bucket_specs() if name in lengths]
 
 
 def source_prompts(specs: list[RequestSpec], load: LoadConfig) -> list[Prompt]:

@@ -132,6 +132,34 @@ def _fail(where: str, message: str, hint: str | None = None) -> SourceError:
     return SourceError(message, where=where, hint=hint)
 
 
+#: How many bad lines a source error lists before it says "and N more".
+MAX_LISTED_PROBLEMS = 20
+
+
+class _BadLines:
+    """The bad lines of one source file, collected so one error names every one of them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.errors: list[SourceError] = []
+
+    def add(self, exc: SourceError) -> None:
+        self.errors.append(exc)
+
+    def check(self) -> None:
+        """Raise what was collected: the error itself for one bad line; for several, one
+        error naming the file and how many, whose ``details`` list each as
+        ``FILE:LINE: reason`` (the first :data:`MAX_LISTED_PROBLEMS`, then "and N more")."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            lines = [e.one_line() for e in self.errors[:MAX_LISTED_PROBLEMS]]
+            if len(self.errors) > MAX_LISTED_PROBLEMS:
+                lines.append(f"and {len(self.errors) - MAX_LISTED_PROBLEMS} more")
+            raise SourceError(f"{len(self.errors)} bad lines, each named below", where=str(self.path),
+                              hint="fix or remove them", details=lines)
+
+
 def _read_text(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
@@ -146,18 +174,21 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def _jsonl(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for every non-blank line of a JSONL text."""
+def _jsonl(path: Path, text: str, bad: _BadLines) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line of a JSONL text; a line that is
+    not a JSON object goes to ``bad`` and the reading goes on."""
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            raise _fail(f"{path}:{n}", f"not JSON: {getattr(exc, 'msg', exc)} (column {getattr(exc, 'colno', '?')})",
-                        "each line must be one JSON object (JSONL)") from None
+            bad.add(_fail(f"{path}:{n}", f"not JSON: {getattr(exc, 'msg', exc)} (column {getattr(exc, 'colno', '?')})",
+                          "each line must be one JSON object (JSONL)"))
+            continue
         if not isinstance(obj, dict):
-            raise _fail(f"{path}:{n}", f"a JSON {type(obj).__name__}, not an object")
+            bad.add(_fail(f"{path}:{n}", f"a JSON {type(obj).__name__}, not an object"))
+            continue
         yield n, obj
 
 
@@ -192,9 +223,10 @@ def _json_array(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
         raise _fail(f"{path}:{text.count(chr(10), 0, i) + 1}", "not JSON: expected ',' or the array's closing ']'")
 
 
-def _records(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """A JSON array's items if the text is one, else JSONL lines."""
-    return _json_array(path, text) if text.lstrip().startswith("[") else _jsonl(path, text)
+def _records(path: Path, text: str, bad: _BadLines) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A JSON array's items if the text is one (a syntax error ends the reading: the rest
+    cannot be parsed), else JSONL lines."""
+    return _json_array(path, text) if text.lstrip().startswith("[") else _jsonl(path, text, bad)
 
 
 def _validation(where: str, exc: ValidationError) -> SourceError:
@@ -244,15 +276,21 @@ def read_openai_requests(path: str | os.PathLike) -> list[RequestSpec]:
     """
     p = Path(path)
     out: list[RequestSpec] = []
-    for n, obj in _jsonl(p, _read_text(p)):
+    bad = _BadLines(p)
+    for n, obj in _jsonl(p, _read_text(p), bad):
         where = f"{p}:{n}"
-        url = None
-        if "body" in obj and "url" in obj:   # an OpenAI Batch API input line
-            url, obj = obj["url"], obj["body"]
-            if not isinstance(obj, dict) or not isinstance(url, str):
-                raise _fail(where, "a Batch API line needs 'url' (a string) and 'body' (an object)")
-        endpoint, body = _body(where, obj, url)
+        try:
+            url = None
+            if "body" in obj and "url" in obj:   # an OpenAI Batch API input line
+                url, obj = obj["url"], obj["body"]
+                if not isinstance(obj, dict) or not isinstance(url, str):
+                    raise _fail(where, "a Batch API line needs 'url' (a string) and 'body' (an object)")
+            endpoint, body = _body(where, obj, url)
+        except SourceError as exc:
+            bad.add(exc)
+            continue
         out.append(RequestSpec(endpoint, body, where))
+    bad.check()
     return out
 
 
@@ -287,31 +325,43 @@ def read_sharegpt(path: str | os.PathLike, *, max_tokens: int | None = None,
     """
     p = Path(path)
     out: list[RequestSpec] = []
-    for n, obj in _records(p, _read_text(p)):
-        where = f"{p}:{n}"
-        turns = obj.get("conversations")
-        if not isinstance(turns, list) or not turns:
-            raise _fail(where, "missing field 'conversations' (a non-empty list of {from, value})"
-                        if turns is None else "'conversations' must be a non-empty list of {from, value}")
-        conv = str(obj.get("id", f"line {n}"))
-        messages: list[dict[str, str]] = []
-        asked = 0
-        for i, t in enumerate(turns):
-            if not isinstance(t, dict) or not isinstance(t.get("from"), str) or not isinstance(t.get("value"), str):
-                raise _fail(where, f"conversations[{i}] needs 'from' and 'value' strings")
-            role = SHAREGPT_ROLES.get(t["from"].lower())
-            if role is None:
-                raise _fail(where, f"conversations[{i}]: unknown speaker {t['from']!r}",
-                            f"one of {sorted(SHAREGPT_ROLES)}")
-            messages.append({"role": role, "content": t["value"]})
-            if role == "user":
-                body: dict[str, Any] = {**(extra or {}), "messages": [dict(m) for m in messages]}
-                if max_tokens is not None:
-                    body["max_tokens"] = max_tokens
-                out.append(RequestSpec("chat", body, where, conversation=conv, turn=asked))
-                asked += 1
-        if not asked:
-            raise _fail(where, "conversation has no human turn: nothing to ask")
+    bad = _BadLines(p)
+    for n, obj in _records(p, _read_text(p), bad):
+        try:
+            out += _sharegpt_conversation(f"{p}:{n}", n, obj, max_tokens, extra)
+        except SourceError as exc:
+            bad.add(exc)
+    bad.check()
+    return out
+
+
+def _sharegpt_conversation(where: str, n: int, obj: dict[str, Any], max_tokens: int | None,
+                           extra: Mapping[str, Any] | None) -> list[RequestSpec]:
+    """One ShareGPT conversation's requests (:func:`read_sharegpt`)."""
+    out: list[RequestSpec] = []
+    turns = obj.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        raise _fail(where, "missing field 'conversations' (a non-empty list of {from, value})"
+                    if turns is None else "'conversations' must be a non-empty list of {from, value}")
+    conv = str(obj.get("id", f"line {n}"))
+    messages: list[dict[str, str]] = []
+    asked = 0
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict) or not isinstance(t.get("from"), str) or not isinstance(t.get("value"), str):
+            raise _fail(where, f"conversations[{i}] needs 'from' and 'value' strings")
+        role = SHAREGPT_ROLES.get(t["from"].lower())
+        if role is None:
+            raise _fail(where, f"conversations[{i}]: unknown speaker {t['from']!r}",
+                        f"one of {sorted(SHAREGPT_ROLES)}")
+        messages.append({"role": role, "content": t["value"]})
+        if role == "user":
+            body: dict[str, Any] = {**(extra or {}), "messages": [dict(m) for m in messages]}
+            if max_tokens is not None:
+                body["max_tokens"] = max_tokens
+            out.append(RequestSpec("chat", body, where, conversation=conv, turn=asked))
+            asked += 1
+    if not asked:
+        raise _fail(where, "conversation has no human turn: nothing to ask")
     return out
 
 
@@ -335,15 +385,18 @@ def read_vllm_custom(path: str | os.PathLike, *, chat: bool = False, max_tokens:
     """
     p = Path(path)
     out: list[RequestSpec] = []
-    for n, obj in _jsonl(p, _read_text(p)):
+    bad = _BadLines(p)
+    for n, obj in _jsonl(p, _read_text(p), bad):
         where = f"{p}:{n}"
         prompt = obj.get("prompt")
         if not isinstance(prompt, str) or not prompt:
-            raise _fail(where, "missing field 'prompt'" if prompt is None else "'prompt' must be a non-empty string")
+            bad.add(_fail(where, "missing field 'prompt'" if prompt is None else "'prompt' must be a non-empty string"))
+            continue
         out_tokens = obj.get("output_tokens", max_tokens)
         if out_tokens is not None and (isinstance(out_tokens, bool) or not isinstance(out_tokens, int)
                                        or out_tokens < 1):
-            raise _fail(where, f"'output_tokens' must be an integer >= 1, not {out_tokens!r}")
+            bad.add(_fail(where, f"'output_tokens' must be an integer >= 1, not {out_tokens!r}"))
+            continue
         body: dict[str, Any] = dict(extra or {})
         if chat:
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -352,6 +405,7 @@ def read_vllm_custom(path: str | os.PathLike, *, chat: bool = False, max_tokens:
         if out_tokens is not None:
             body["max_tokens"] = out_tokens
         out.append(RequestSpec("chat" if chat else "completions", body, where))
+    bad.check()
     return out
 
 
@@ -414,22 +468,26 @@ def read_mooncake_trace(path: str | os.PathLike, *, vocab: Sequence[int], speedu
     out: list[RequestSpec] = []
     first: float | None = None
     last = 0.0
-    for n, obj in _jsonl(p, _read_text(p)):
+    bad = _BadLines(p)
+    for n, obj in _jsonl(p, _read_text(p), bad):
         where = f"{p}:{n}"
         try:
             line = _TraceLine.model_validate(obj)
         except ValidationError as exc:
-            raise _validation(where, exc) from None
+            bad.add(_validation(where, exc))
+            continue
         if first is None:
             first = line.timestamp
         elif line.timestamp < last:
-            raise _fail(where, f"timestamp {line.timestamp:g} ms is before the line before's ({last:g} ms)",
-                        "a trace is replayed in time order: sort it by timestamp")
+            bad.add(_fail(where, f"timestamp {line.timestamp:g} ms is before the line before's ({last:g} ms)",
+                          "a trace is replayed in time order: sort it by timestamp"))
+            continue
         last = line.timestamp
         need = -(-line.input_length // block_tokens)
         if line.hash_ids and len(line.hash_ids) != need:
-            raise _fail(where, f"input_length {line.input_length} needs {need} block(s) of {block_tokens} tokens, "
-                        f"hash_ids has {len(line.hash_ids)}", "set block_tokens to the trace's block size")
+            bad.add(_fail(where, f"input_length {line.input_length} needs {need} block(s) of {block_tokens} tokens, "
+                          f"hash_ids has {len(line.hash_ids)}", "set block_tokens to the trace's block size"))
+            continue
         keys: list[int | str] = list(line.hash_ids) or [f"line{n}.{b}" for b in range(need)]
         prompt: list[int] = []
         for k in keys:
@@ -439,6 +497,7 @@ def read_mooncake_trace(path: str | os.PathLike, *, vocab: Sequence[int], speedu
             body["ignore_eos"] = True
         out.append(RequestSpec("completions", body, where, arrival_s=(line.timestamp - first) / 1000.0 / speedup,
                                prompt_tokens=len(prompt)))
+    bad.check()
     return out
 
 

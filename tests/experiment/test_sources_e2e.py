@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from harness.experiment.runner import run
+from harness.load.config import source_buckets
 from harness.load.prompts import load_prompt_set
+from harness.metrics.mirror import ALL
 from harness.load.records import read_records
 from tests.experiment.fast_e2e import ROOT, fast_experiment
 
@@ -128,6 +130,8 @@ def test_a_sharegpt_source_under_an_open_loop_rate_is_walked_in_order(tmp_path):
 TRACE_MS = [0, 200, 1000, 1200, 2400]
 TRACE_LEN = [40, 48, 128, 30, 50]
 SPEEDUP = 4.0
+#: the derived buckets' names (a source without load.buckets), and the pooled row's
+BUCKET_NAMES = {b[0] for b in source_buckets()} | {ALL}
 PERIOD_S = 0.75
 
 
@@ -140,7 +144,9 @@ def test_a_mooncake_trace_is_replayed_open_loop_at_its_timestamps(tmp_path):
     assert_passed(code, rep)
     assert rep["load"]["profile"]["kind"] == "open" and rep["load"]["source"]["period_s"] == pytest.approx(PERIOD_S)
     prompts = load_prompt_set(out / "prompts.json")
-    assert [p.prompt_class for p in prompts] == ["short", "short", "medium", "short", "short"]
+    # no load.buckets: bucketed by the power-of-two range of each measured length
+    assert [p.prompt_class for p in prompts] == [next(f"{lo}-{hi}" for _n, lo, hi, *_ in source_buckets()
+                                                      if lo <= n <= hi) for n in TRACE_LEN]
     assert [p.arrival_s for p in prompts] == pytest.approx([t / 1000 / SPEEDUP for t in TRACE_MS])
 
     recs = sorted((r for r in load_records(out) if r.attempt == 1), key=lambda r: r.send_time)
@@ -180,5 +186,5 @@ def test_a_vllm_custom_source_in_mirror_mode_sends_each_request_to_both_servers(
         assert all(r.max_tokens == lines[r.prompt_id]["output_tokens"] for r in side)
     # the mirror comparison groups them by measured bucket, as generated prompts
     judged = [g for g in rep["mirror"]["groups"] if g["judged"]]
-    assert {(g["bucket"], g["sampling"]) for g in judged} >= {("short", "greedy")}
+    assert {g["sampling"] for g in judged} == {"greedy"} and all(g["bucket"] in BUCKET_NAMES for g in judged)
     assert all(g["spec"]["complete"] >= 3 and g["ref"]["complete"] >= 3 for g in judged)
