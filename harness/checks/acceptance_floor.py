@@ -33,7 +33,7 @@ from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.config import AcceptanceFloorConfig
 from harness.metrics.client_acceptance import STEP_GAP_S, acceptance_table, speculation_changes
 
-__all__ = ["speculation", "judge_floors", "check", "section"]
+__all__ = ["speculation", "judge_floors", "judge_class_floors", "check", "section"]
 
 _MEMO = "acceptance_floor"
 
@@ -107,6 +107,41 @@ def judge_floors(table: dict[str, Any], cfg: AcceptanceFloorConfig) -> tuple[lis
     return checks, rows
 
 
+def judge_class_floors(table: dict[str, Any], cfg: AcceptanceFloorConfig) -> tuple[list[CheckResult],
+                                                                                   list[dict[str, Any]]]:
+    """The per-request-class floor checks (``acceptance_floor.request_classes``): each named
+    class's greedy requests over every bucket, in each phase of ``cfg.phases``, against its
+    floor. Same return shape as :func:`judge_floors` (rows with ``"request_class"`` and
+    ``bucket`` None); a class with fewer than ``min_steps`` counted greedy steps in a phase,
+    or none at all, is reported, not judged."""
+    checks: list[CheckResult] = []
+    rows: list[dict[str, Any]] = []
+    for ph in cfg.phases:
+        data = (table["phases"].get(ph) or {}).get("request_class_sampling") or {}
+        for name, floor in cfg.request_classes.items():
+            t = (data.get(name) or {}).get("greedy")
+            steps = t["steps"] if t else 0
+            reason = None
+            if t is None:
+                reason = f"no complete greedy request of class {name!r} with speculation in the {ph} phase"
+            elif steps < cfg.min_steps:
+                reason = f"{steps} counted steps < min_steps {cfg.min_steps}"
+            rate = t["acceptance_rate"] if t else None
+            rows.append({"phase": ph, "bucket": None, "sampling": "greedy", "request_class": name, "floor": floor,
+                         "acceptance_rate": rate, "mean_acceptance_length": t["mean_acceptance_length"] if t else None,
+                         "steps": steps, "judged": reason is None, "reason": reason})
+            check_name = f"acceptance_floor.{ph}.class.{name}"
+            if reason is not None:
+                checks.append(CheckResult.not_judged(check_name, "speculation", rate, floor, reason))
+                continue
+            assert t is not None and rate is not None
+            checks.append(CheckResult(
+                check_name, "speculation", rate >= floor, round(rate, 4), floor,
+                f"client-side acceptance rate of class {name} {rate:.3f} over {steps} decode steps of "
+                f"{t['requests']} greedy requests (mean acceptance length {t['mean_acceptance_length']:.2f})"))
+    return checks, rows
+
+
 def _judged(run: RecordedRun) -> dict[str, Any]:
     if _MEMO in run.memo:
         return run.memo[_MEMO]
@@ -127,13 +162,17 @@ def _judged(run: RecordedRun) -> dict[str, Any]:
         if cfg.exclude_request_classes:
             for c in checks:
                 c.detail += f" (request classes {', '.join(cfg.exclude_request_classes)} left out)"
+        class_checks, class_rows = judge_class_floors(table, cfg)
+        checks += class_checks
+        rows += class_rows
         reasons = "; ".join(sorted({r["reason"] for r in rows if r["reason"]})) or "no complete speculative request"
         out.update({"total": table["total"], "buckets": table["buckets"], "phases": table["phases"],
                     "speculation_changes": table["speculation_changes"],
-                    "floors": rows, "judged": bool(checks), "checks": checks,
-                    "note": None if checks else f"nothing judged: {reasons}"})
-        if "request_classes" in table:   # load.request_classes: acceptance per class too
+                    "floors": rows, "judged": any(c.judged for c in checks), "checks": checks,
+                    "note": None if any(c.judged for c in checks) else f"nothing judged: {reasons}"})
+        if "request_classes" in table:   # request classes or source categories: acceptance per class too
             out["request_classes"] = table["request_classes"]
+            out["request_class_buckets"] = table["request_class_buckets"]
     run.memo[_MEMO] = out
     return out
 

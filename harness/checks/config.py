@@ -413,6 +413,12 @@ class AcceptanceFloorConfig(_Strict):
     #: bucket under a floor sized for plain decoding. Their acceptance is still reported
     #: (``acceptance_floor.request_classes``).
     exclude_request_classes: list[str] = Field(default_factory=list)
+    #: A greedy floor per request class (``load.request_classes`` names, or a traffic
+    #: source's categories, ``load.source.category_field``), over every bucket of that
+    #: class: ``{code: 0.5, chat: 0.2}``, judged as ``acceptance_floor.<phase>.class.<name>``
+    #: beside the bucket floors (a class left out of those by ``exclude_request_classes``
+    #: may still have its own floor here).
+    request_classes: dict[str, Fraction] = Field(default_factory=dict)
 
     @field_validator("sampling")
     @classmethod

@@ -84,11 +84,14 @@ class SpecchaosConfig(BaseModel):
 
     @model_validator(mode="after")
     def _floor_exclusions_are_classes(self) -> "SpecchaosConfig":
+        if self.load.source is not None:   # a source's categories are known once it is read (validate checks them)
+            return self
         known = {c.name for c in self.load.request_classes or []} or {"plain"}
-        unknown = [n for n in self.acceptance_floor.exclude_request_classes if n not in known]
-        if unknown:
-            raise ValueError(f"acceptance_floor.exclude_request_classes: {unknown[0]!r} is not a request class of "
-                             f"load.request_classes (known: {', '.join(sorted(known))})")
+        for field in ("exclude_request_classes", "request_classes"):
+            unknown = [n for n in getattr(self.acceptance_floor, field) if n not in known]
+            if unknown:
+                raise ValueError(f"acceptance_floor.{field}: {unknown[0]!r} is not a request class of "
+                                 f"load.request_classes (known: {', '.join(sorted(known))})")
         return self
 
     @model_validator(mode="after")

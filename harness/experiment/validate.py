@@ -44,6 +44,7 @@ from harness.experiment.config import SpecchaosConfig, parse_config
 from harness.experiment.overrides import (CONFIG_VAR, Override, apply_overrides, config_var_overrides,
                                          unknown_field_hint)
 from harness.metrics.phases import PHASES
+from harness.load.client import SOURCE_CLASS
 from harness.load.source_prep import prepare_source
 from harness.load.sources import RequestSpec
 from harness.stack.capabilities import capabilities_of, missing, refusal
@@ -396,9 +397,27 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
         requests = prepare_source(cfg.load, Path.cwd(), max_model_len=cfg.stack.max_model_len,
                                   tokenizer_dir=resolve_models(cfg.stack,
                                                                where=f"{path}: configuration.specchaos.stack").target)
+        _check_source_classes(cfg, requests, where=f"{path}: configuration.specchaos.acceptance_floor")
     return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
                       method_hold_s=method_hold_s(doc), overrides=sorted(ovs, key=lambda o: o.rank),
                       requests=requests)
+
+
+def _check_source_classes(cfg: SpecchaosConfig, requests: list[RequestSpec], *, where: str) -> None:
+    """A floor or exclusion naming a class must name a category the source carries (or
+    ``source``, the class of its uncategorised requests).
+
+    Raises:
+        ExperimentError: the first class no request of the source has, with those it has.
+    """
+    known = {r.category or SOURCE_CLASS for r in requests}
+    for field in ("exclude_request_classes", "request_classes"):
+        unknown = [n for n in getattr(cfg.acceptance_floor, field) if n not in known]
+        if unknown:
+            raise ExperimentError(f"{unknown[0]!r} is not a category of load.source "
+                                  f"(its categories: {', '.join(sorted(known))})", where=f"{where}.{field}",
+                                  hint=f"categories come from each record's {cfg.load.source.category_field!r} "
+                                       f"field" if cfg.load.source else None)
 
 
 def run_meta(exp: Experiment) -> dict[str, Any]:

@@ -101,7 +101,8 @@ def completion_body(prompt: Prompt, model: str, ignore_eos: bool = False,
     return body
 
 
-#: The record's ``request_class`` of a traffic source's request (``load.source``).
+#: The record's ``request_class`` of a traffic source's request (``load.source``) that
+#: carries no category (a categorised one carries its category).
 SOURCE_CLASS = "source"
 
 #: The record's ``sampling`` of a source request whose body sets a non-zero ``temperature``
@@ -353,7 +354,7 @@ def stream_completion(
         sampling=sampling_name(prompt, sampling),
         attempt=attempt,
         logical_id=logical_id,
-        request_class=(SOURCE_CLASS if prompt.body is not None
+        request_class=((prompt.category or SOURCE_CLASS) if prompt.body is not None
                        else request_class.name if request_class is not None else "plain"),
         endpoint=endpoint,
         turn=len(history) // 2 + 1,

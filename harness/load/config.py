@@ -382,7 +382,11 @@ class SourceConfig(BaseModel):
     arrival times (seconds; mooncake); ``chat`` sends vllm-custom prompts to
     ``/v1/chat/completions``; ``max_tokens`` is the output length where a record gives
     none; ``limit`` takes at most that many requests; ``order`` keeps the file's order or
-    shuffles it (seeded by ``load.seed``)."""
+    shuffles it (seeded by ``load.seed``). ``category_field`` names the record field that
+    carries a request's content category (openai, sharegpt, vllm-custom; default
+    ``category``): it becomes the request class of its records, so acceptance, latency and
+    integrity are reported per category (acceptance also per category × bucket), and
+    ``acceptance_floor.request_classes`` can hold a floor per category."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -393,6 +397,7 @@ class SourceConfig(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     limit: int | None = Field(None, ge=1)
     order: Literal["file", "shuffled"] = "file"
+    category_field: str = Field("category", min_length=1)
 
     @model_validator(mode="after")
     def _timed_in_order(self) -> "SourceConfig":

@@ -91,6 +91,8 @@ class Prompt:
         origin: a source's request: ``"FILE:LINE"`` it came from; None otherwise.
         arrival_s: a timed source's request: seconds after the replay's start at which it
             is sent (already divided by ``load.source.speedup``); None otherwise.
+        category: a source's request: its content category (``load.source.category_field``),
+            the request class its records carry; None otherwise.
     """
 
     prompt_id: int
@@ -102,6 +104,7 @@ class Prompt:
     body: dict[str, Any] | None = field(default=None, compare=False)
     origin: str | None = None
     arrival_s: float | None = None
+    category: str | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -349,6 +352,7 @@ def load_prompt_set(path: str | os.PathLike) -> list[Prompt]:
                 body=item.get("body"),
                 origin=item.get("origin"),
                 arrival_s=None if item.get("arrival_s") is None else float(item["arrival_s"]),
+                category=item.get("category"),
             )
             if prompt.body is not None and not isinstance(prompt.body, dict):
                 raise TypeError("body is not an object")

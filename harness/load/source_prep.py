@@ -48,6 +48,8 @@ def prepare_source(load: LoadConfig, base_dir: str | Path, *, tokenizer_dir: str
     assert src is not None
     path = source_path(load, base_dir)
     options: dict = {}
+    if src.format != "mooncake":
+        options["category_field"] = src.category_field
     if src.format in ("sharegpt", "vllm-custom"):
         options["max_tokens"] = src.max_tokens
     if src.format == "vllm-custom":
@@ -87,7 +89,7 @@ def bucket_table(specs: list[RequestSpec], load: LoadConfig) -> list[tuple[str, 
 def source_prompts(specs: list[RequestSpec], load: LoadConfig) -> list[Prompt]:
     """The prepared requests (:func:`prepare_source`) as the run's prompt set: prompt ``i``
     is request ``i`` (ids in the source's order), its bucket, measured length, endpoint,
-    body, ``FILE:LINE`` origin and arrival time carried over; ``text`` the completions
+    body, ``FILE:LINE`` origin, arrival time and category carried over; ``text`` the completions
     prompt when it is text (else ``""``: the body holds token ids or messages);
     ``max_tokens`` the request's own, else ``load.source.max_tokens``, else
     ``load.max_tokens``.
@@ -104,5 +106,5 @@ def source_prompts(specs: list[RequestSpec], load: LoadConfig) -> list[Prompt]:
         prompt = s.body.get("prompt")
         out.append(Prompt(i, s.prompt_class, prompt if isinstance(prompt, str) else "", s.prompt_tokens,
                           s.max_tokens or default, endpoint=s.endpoint, body=dict(s.body), origin=s.origin,
-                          arrival_s=s.arrival_s))
+                          arrival_s=s.arrival_s, category=s.category))
     return out

@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -102,6 +103,9 @@ class RequestSpec:
         prompt_tokens: the prompt's measured length in tokens (as vLLM's
             ``usage.prompt_tokens``), None until :func:`measure`.
         prompt_class: the prompt-length bucket, None until :func:`bucket`.
+        category: the record's content category (``load.source.category_field``, default
+            ``category``: e.g. ``code``, ``json``, ``chat``, ``prose``), which becomes the
+            request class its records carry; None when the record has none.
     """
 
     endpoint: Endpoint
@@ -112,6 +116,7 @@ class RequestSpec:
     turn: int = 0
     prompt_tokens: int | None = None
     prompt_class: str | None = None
+    category: str | None = None
 
     @property
     def path(self) -> str:
@@ -236,6 +241,29 @@ def _validation(where: str, exc: ValidationError) -> SourceError:
     return _fail(where, f"{loc}: {msg}" if loc else msg)
 
 
+#: The record field that carries a request's content category unless
+#: ``load.source.category_field`` names another.
+CATEGORY_FIELD = "category"
+_CATEGORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+
+
+def _category(where: str, obj: dict[str, Any], field: str) -> str | None:
+    """The record's category (popped from ``obj``: it is the harness's, never sent), None
+    without one.
+
+    Raises:
+        SourceError: a category that is not a name (1-32 letters, digits, ``_ . -``: it
+            names report rows and checks).
+    """
+    value = obj.pop(field, None)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _CATEGORY.match(value):
+        raise _fail(where, f"{field} {value!r} is not a category name",
+                    "1-32 characters: letters, digits, '_', '.', '-' (it names report rows and checks)")
+    return value
+
+
 # ------------------------------------------------------------------------- OpenAI bodies
 def _body(where: str, raw: dict[str, Any], url: str | None = None) -> tuple[Endpoint, dict[str, Any]]:
     """Validate one OpenAI body (:func:`harness.load.endpoints.body_problem`); the endpoint
@@ -255,7 +283,7 @@ def _body(where: str, raw: dict[str, Any], url: str | None = None) -> tuple[Endp
     return endpoint, passed_through(raw)
 
 
-def read_openai_requests(path: str | os.PathLike) -> list[RequestSpec]:
+def read_openai_requests(path: str | os.PathLike, *, category_field: str = CATEGORY_FIELD) -> list[RequestSpec]:
     """Read a JSONL file of OpenAI request bodies (module doc).
 
     Each line is a completions body (``prompt``: a non-empty string or list of token ids) or
@@ -264,7 +292,8 @@ def read_openai_requests(path: str | os.PathLike) -> list[RequestSpec]:
     body is kept as given, less :data:`HARNESS_FIELDS`; ``n`` must be 1 (one choice per
     request is judged), ``max_tokens`` ≥ 1 when given, and a field only the other endpoint
     takes (``tools`` in a completions body) is refused
-    (:func:`harness.load.endpoints.body_problem`).
+    (:func:`harness.load.endpoints.body_problem`). A line's ``category_field`` (on the line
+    or in a Batch API line's ``body``) is taken out of the body as the request's category.
 
     Returns:
         One spec per non-blank line, in file order.
@@ -280,16 +309,18 @@ def read_openai_requests(path: str | os.PathLike) -> list[RequestSpec]:
     for n, obj in _jsonl(p, _read_text(p), bad):
         where = f"{p}:{n}"
         try:
+            category = _category(where, obj, category_field)
             url = None
             if "body" in obj and "url" in obj:   # an OpenAI Batch API input line
                 url, obj = obj["url"], obj["body"]
                 if not isinstance(obj, dict) or not isinstance(url, str):
                     raise _fail(where, "a Batch API line needs 'url' (a string) and 'body' (an object)")
+                category = _category(where, obj, category_field) or category
             endpoint, body = _body(where, obj, url)
         except SourceError as exc:
             bad.add(exc)
             continue
-        out.append(RequestSpec(endpoint, body, where))
+        out.append(RequestSpec(endpoint, body, where, category=category))
     bad.check()
     return out
 
@@ -302,7 +333,7 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 
 
 def read_sharegpt(path: str | os.PathLike, *, max_tokens: int | None = None,
-                  extra: Mapping[str, Any] | None = None) -> list[RequestSpec]:
+                  extra: Mapping[str, Any] | None = None, category_field: str = CATEGORY_FIELD) -> list[RequestSpec]:
     """Read ShareGPT-style conversations into multi-turn chat requests (module doc).
 
     Args:
@@ -312,6 +343,7 @@ def read_sharegpt(path: str | os.PathLike, *, max_tokens: int | None = None,
             optionally ``id``.
         max_tokens: the ``max_tokens`` of every request (None: leave it to the workload).
         extra: further body fields for every request (e.g. ``{"temperature": 0}``).
+        category_field: the conversation's field naming its content category (every turn's).
 
     Returns:
         One chat spec per human turn, conversation by conversation: turn ``k``'s
@@ -328,7 +360,9 @@ def read_sharegpt(path: str | os.PathLike, *, max_tokens: int | None = None,
     bad = _BadLines(p)
     for n, obj in _records(p, _read_text(p), bad):
         try:
-            out += _sharegpt_conversation(f"{p}:{n}", n, obj, max_tokens, extra)
+            category = _category(f"{p}:{n}", obj, category_field)
+            out += [dataclasses.replace(r, category=category)
+                    for r in _sharegpt_conversation(f"{p}:{n}", n, obj, max_tokens, extra)]
         except SourceError as exc:
             bad.add(exc)
     bad.check()
@@ -367,7 +401,7 @@ def _sharegpt_conversation(where: str, n: int, obj: dict[str, Any], max_tokens: 
 
 # ------------------------------------------------------------------------- vLLM custom
 def read_vllm_custom(path: str | os.PathLike, *, chat: bool = False, max_tokens: int | None = None,
-                     extra: Mapping[str, Any] | None = None) -> list[RequestSpec]:
+                     extra: Mapping[str, Any] | None = None, category_field: str = CATEGORY_FIELD) -> list[RequestSpec]:
     """Read a ``vllm bench serve`` custom dataset (JSONL of ``{"prompt": str, "output_tokens": int}``).
 
     Args:
@@ -378,6 +412,7 @@ def read_vllm_custom(path: str | os.PathLike, *, chat: bool = False, max_tokens:
         max_tokens: ``max_tokens`` of a line without ``output_tokens`` (None: leave it to the
             workload); a line's ``output_tokens`` wins.
         extra: further body fields for every request.
+        category_field: the line's field naming its content category.
 
     Raises:
         SourceError: missing or empty file, not JSON, no ``prompt`` string, an
@@ -388,6 +423,11 @@ def read_vllm_custom(path: str | os.PathLike, *, chat: bool = False, max_tokens:
     bad = _BadLines(p)
     for n, obj in _jsonl(p, _read_text(p), bad):
         where = f"{p}:{n}"
+        try:
+            category = _category(where, obj, category_field)
+        except SourceError as exc:
+            bad.add(exc)
+            continue
         prompt = obj.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             bad.add(_fail(where, "missing field 'prompt'" if prompt is None else "'prompt' must be a non-empty string"))
@@ -404,7 +444,7 @@ def read_vllm_custom(path: str | os.PathLike, *, chat: bool = False, max_tokens:
             body["prompt"] = prompt
         if out_tokens is not None:
             body["max_tokens"] = out_tokens
-        out.append(RequestSpec("chat" if chat else "completions", body, where))
+        out.append(RequestSpec("chat" if chat else "completions", body, where, category=category))
     bad.check()
     return out
 

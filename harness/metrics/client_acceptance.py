@@ -274,6 +274,8 @@ def _breakdown(records: list[RequestRecord], k_of: Callable[[RequestRecord], "in
                gap_s: float) -> dict[str, Any]:
     by: dict[str, dict[str, Tally]] = {}
     by_class: dict[str, Tally] = {}
+    by_class_bucket: dict[str, dict[str, dict[str, Tally]]] = {}
+    by_class_sampling: dict[str, dict[str, Tally]] = {}
     total = Tally()
     plain = 0
     for r in records:
@@ -285,10 +287,18 @@ def _breakdown(records: list[RequestRecord], k_of: Callable[[RequestRecord], "in
         total.add(steps, k)
         by.setdefault(r.prompt_class or "unknown", {}).setdefault(sampling_of(r), Tally()).add(steps, k)
         by_class.setdefault(r.request_class, Tally()).add(steps, k)
+        by_class_bucket.setdefault(r.request_class, {}).setdefault(
+            r.prompt_class or "unknown", {}).setdefault(sampling_of(r), Tally()).add(steps, k)
+        by_class_sampling.setdefault(r.request_class, {}).setdefault(sampling_of(r), Tally()).add(steps, k)
     out = {"total": total.to_dict(), "requests_without_speculation": plain,
            "buckets": {b: {s: t.to_dict() for s, t in sorted(cls.items())} for b, cls in sorted(by.items())}}
     if set(by_class) - {"plain"}:
         out["request_classes"] = {c: t.to_dict() for c, t in sorted(by_class.items())}
+        out["request_class_sampling"] = {c: {s: t.to_dict() for s, t in sorted(v.items())}
+                                         for c, v in sorted(by_class_sampling.items())}
+        out["request_class_buckets"] = {c: {b: {s: t.to_dict() for s, t in sorted(bv.items())}
+                                            for b, bv in sorted(v.items())}
+                                        for c, v in sorted(by_class_bucket.items())}
     return out
 
 
@@ -312,9 +322,12 @@ def acceptance_table(records: Iterable[RequestRecord], k: int | None,
         ``{"num_speculative_tokens": k, "step_gap_s": gap_s, "speculation_changes":
         [{"t", "method", "num_speculative_tokens"}], "total": T,
         "requests_without_speculation": int, "buckets": {bucket: {sampling: T}},
-        "request_classes": {request class: T} (only when a record is of a class other than
-        ``plain``), "phases": {phase: {"total": T, "requests_without_speculation",
-        "buckets": {...}, "request_classes": {...}}}}``
+        "request_classes": {request class: T}, "request_class_sampling": {request class:
+        {sampling: T}}, "request_class_buckets": {request class: {bucket: {sampling: T}}}
+        (these three only when a record is of a class other than ``plain``: a request class
+        of ``load.request_classes`` or a traffic source's category), "phases": {phase:
+        {"total": T, "requests_without_speculation", "buckets": {...}, "request_classes":
+        {...}, "request_class_sampling": {...}, "request_class_buckets": {...}}}}``
         where every ``T`` is :meth:`Tally.to_dict` (rates are fractions, lengths tokens per step).
 
     Raises:

@@ -79,9 +79,9 @@ def test_a_missing_real_set_skips_here_and_fails_where_ci_requires_it(monkeypatc
     skip_without_real_models(None)   # nothing missing: neither
 
 
-def test_the_real_model_experiments_are_the_four_families_the_request_mix_and_a_sweep():
-    assert [p.name for p in FILES] == ["bad-draft-fallback.yaml", "freeze-engine.yaml", "kill-draft-worker.yaml",
-                                       "network-jitter.yaml", "request-mix.yaml"]
+def test_the_real_model_experiments_are_the_four_families_the_request_mix_categories_and_a_sweep():
+    assert [p.name for p in FILES] == ["acceptance-by-category.yaml", "bad-draft-fallback.yaml", "freeze-engine.yaml",
+                                       "kill-draft-worker.yaml", "network-jitter.yaml", "request-mix.yaml"]
     assert is_sweep(SWEEP)
 
 

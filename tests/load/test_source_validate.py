@@ -136,3 +136,14 @@ def test_custom_buckets_take_the_measured_lengths(tmp_path):
         {"name": "b", "min_prompt_tokens": 65, "max_prompt_tokens": 300, "count": 0}]}})
     specs = prepare_source(cfg.load, tmp_path, tokenizer_dir=target, max_model_len=1024)
     assert [s.prompt_class for s in specs] == ["a", "b", "b"]
+
+
+def test_a_floor_naming_a_category_the_source_lacks_is_refused(tmp_path):
+    (tmp_path / "src.jsonl").write_text('{"prompt": "def f():", "category": "code"}\n{"prompt": "Once upon"}\n')
+    d = source_doc(fmt="openai")
+    d["configuration"]["specchaos"]["acceptance_floor"] = {"request_classes": {"prose": 0.3}}
+    res = cli("validate", str(write(tmp_path, d)), cwd=tmp_path)
+    assert_one_line_error(res, "acceptance_floor.request_classes", "'prose' is not a category of load.source",
+                          "code, source")
+    d["configuration"]["specchaos"]["acceptance_floor"] = {"request_classes": {"code": 0.3}}
+    assert cli("validate", str(write(tmp_path, d)), cwd=tmp_path).returncode == 0
