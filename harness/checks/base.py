@@ -91,6 +91,9 @@ class RecordedRun:
             checks and its report section (keyed by family name).
         ref_records: mirror mode's load records sent to the reference (plain) server
             (``server == "ref"``); empty without mirror mode.
+        class_reference: the reference server's answers per request class
+            (``class_reference.jsonl``: each prompt as the class's first turn), the
+            reference of the classes' own invariants outside mirror mode; empty without.
         load_stats: the open loop's own account (``load_stats.json``, merged over workers:
             arrivals, drops, the pacer's lag, :func:`harness.load.profiles.read_load_stats`);
             None for a closed loop.
@@ -109,6 +112,7 @@ class RecordedRun:
     memo: dict[str, Any] = field(default_factory=dict)
     ref_records: list[RequestRecord] = field(default_factory=list)
     load_stats: dict[str, Any] | None = None
+    class_reference: list[RequestRecord] = field(default_factory=list)
 
     @property
     def soak(self) -> bool:

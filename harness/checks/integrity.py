@@ -343,7 +343,8 @@ def _judged(run: RecordedRun) -> tuple[list[CheckResult], dict]:
                                            fallback=_fallback_servers(run))
         if classes:   # configured request classes: each judged by its invariants (module doc)
             decode = _decoder(run) if cfg.text_from_ids else None
-            summary["classes"] = request_classes.classes_section(run.records, classes, ref_records=run.ref_records,
+            summary["classes"] = request_classes.classes_section(run.records, classes,
+                                                                 ref_records=[*run.ref_records, *run.class_reference],
                                                                  greedy=load.greedy_classes(), decode=decode)
             checks = checks + request_classes.classes_checks(summary["classes"], classes, decode=decode)
         run.memo["integrity"] = checks, summary

@@ -67,6 +67,7 @@ __all__ = [
     "classes_checks",
     "classes_section",
     "first_stop",
+    "reference_invariants",
     "ids_text",
     "judge",
     "logprob_problems",
@@ -407,6 +408,13 @@ def applicable(body: Mapping[str, Any], with_reference: bool = False) -> list[st
             if applies(body) and (with_reference or not needs_ref)]
 
 
+def reference_invariants(body: Mapping[str, Any]) -> list[str]:
+    """Names of the invariants that judge a request with this body against the
+    non-speculative reference's response to the same request (``stop_cut``,
+    ``logprobs_ref``): empty when none applies."""
+    return [name for name in applicable(body, with_reference=True) if INVARIANTS[name][1]]
+
+
 def judge(pairs: Iterable[tuple[Response, Response | None]], decode: Decode | None = None) -> dict[str, Any]:
     """Judge complete responses of one request class by every invariant that applies.
 
@@ -483,10 +491,12 @@ def classes_section(records: Iterable[RequestRecord], classes: Sequence[RequestC
     The reference of a response is the non-speculative server's finished response to the
     same request: mirror mode's load record to the reference server (``ref_records``) of
     the same prompt, class, conversation turn and a greedy sampling class (``greedy``:
-    deterministic), the first such (a later turn's reference carries the reference's own
-    earlier answers: equal when the earlier turns were); a sampled response, or one without such a record (no mirror mode), has
-    none, and the reference invariants (``stop_cut``, ``logprobs_ref``) are not judged for
-    it. The per-prompt reference fetch is a plain completion, no reference for a class."""
+    deterministic), or the run's per-class reference fetch (``class_reference.jsonl``: each
+    prompt sent once as the class's first turn), the first such (a later turn's reference
+    carries the reference's own earlier answers: equal when the earlier turns were); a sampled
+    response, or one without such a record (a later turn outside mirror mode), has none, and
+    the reference invariants (``stop_cut``, ``logprobs_ref``) are not judged for it; the
+    entry's ``compared`` counts the responses that had one."""
     greedy = set(greedy)
     by_name: dict[str, list[RequestRecord]] = {c.name: [] for c in classes}
     for r in records:
@@ -521,4 +531,11 @@ def classes_checks(section: Mapping[str, Mapping[str, Any]], classes: Sequence[R
                 out.append(CheckResult.not_judged(
                     f"integrity.classes.{c.name}.{inv}", "integrity", 0, 0,
                     f"no finished {c.name} response to judge {inv} on ({entry.get('responses', 0)} finished)"))
+        for inv in reference_invariants(c.body):
+            if inv not in judged:
+                out.append(CheckResult.not_judged(
+                    f"integrity.classes.{c.name}.{inv}", "integrity", 0, 0,
+                    f"no {c.name} response had a reference to compare with ({entry.get('responses', 0)} finished, "
+                    f"{entry.get('compared', 0)} compared): no reference server, or only sampled or later-turn "
+                    f"responses outside mirror mode"))
     return out

@@ -4,8 +4,9 @@ files, split the load into phases and compute each phase's metrics. Reads files 
 Files (missing ones count as empty): ``records.jsonl`` (load records; the speculative
 server's are judged by every check, mirror mode's requests to the reference server are
 kept apart in ``RecordedRun.ref_records``),
-``reference.jsonl`` (the non-speculative reference), ``timeline.jsonl``, ``load_stats.json``
-(the open loop's account, its workers' files merged).
+``reference.jsonl`` (the non-speculative reference), ``class_reference.jsonl`` (the
+reference's answers per request class, :data:`CLASS_REFERENCE_FILE`), ``timeline.jsonl``,
+``load_stats.json`` (the open loop's account, its workers' files merged).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from harness.load.records import RequestRecord, is_complete, is_ref_load, is_spe
 from harness.metrics.phases import assign_phases, phase_metrics, phase_windows
 from harness.timeline import fault_summary, read_timeline
 
-__all__ = ["load_reference", "recorded_run", "load_run"]
+__all__ = ["CLASS_REFERENCE_FILE", "load_reference", "recorded_run", "load_run"]
+
+#: The reference server's answers to each prompt sent as a request class's first turn, for
+#: the classes whose invariants compare with the reference (written by the run).
+CLASS_REFERENCE_FILE = "class_reference.jsonl"
 
 
 def load_reference(records: list[RequestRecord]) -> dict[int, RequestRecord]:
@@ -66,4 +71,5 @@ def load_run(run_dir: str | Path, limits: CheckLimits, journal: dict | None = No
     run = recorded_run(read_records(d / "records.jsonl"), read_records(d / "reference.jsonl"),
                        read_timeline(d / "timeline.jsonl"), limits, journal=journal, run_dir=d)
     run.load_stats = read_load_stats(d / "load_stats.json")
+    run.class_reference = read_records(d / CLASS_REFERENCE_FILE)
     return run

@@ -39,10 +39,12 @@ from harness.errors import LoadError, SpecchaosError, StackError
 from harness.experiment import recovery_probes
 from harness.experiment.config import SpecchaosConfig
 from harness.experiment.journal import journal_errors, steady_state_summary
+from harness.checks.request_classes import reference_invariants
+from harness.checks.run import CLASS_REFERENCE_FILE
 from harness.load.client import fetch_reference
 from harness.load.locust_process import LocustProcess, exit_reason
 from harness.load.profiles import load_section, read_load_stats
-from harness.load.prompts import build_bucketed_prompt_set, save_prompt_set
+from harness.load.prompts import Prompt, build_bucketed_prompt_set, save_prompt_set
 from harness.load.records import worker_record_files, write_records
 from harness.load.source_prep import source_prompts
 from harness.load.sources import RequestSpec
@@ -169,6 +171,23 @@ class Session:
     def reference_path(self) -> Path:
         return self.out_dir / "reference.jsonl"
 
+    def _fetch_class_references(self, ref: Any, prompts: list[Prompt]) -> None:
+        """The reference of each request class whose invariants compare with one (a stop
+        string's cut, logprob values: :func:`harness.checks.request_classes.reference_invariants`):
+        every prompt sent as that class's first turn to the reference server, into
+        ``class_reference.jsonl`` (what integrity judges those invariants against when
+        the run is not in mirror mode)."""
+        lc = self.cfg.load
+        classes = [c for c in lc.request_classes or [] if reference_invariants(c.body)]
+        records = []
+        for c in classes:
+            log.info("fetching class %s's reference outputs for %d prompts", c.name, len(prompts))
+            got = fetch_reference(ref.base_url, ref.model, prompts, timeout_s=lc.request_timeout_s,
+                                  ignore_eos=lc.ignore_eos, request_class=c, top_logprobs=0)
+            records += [got[k] for k in sorted(got)]
+        if records:
+            write_records(self.out_dir / CLASS_REFERENCE_FILE, records)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the stack, fetch reference outputs, start load, then warm-up and baseline.
@@ -215,6 +234,7 @@ class Session:
             reference = fetch_reference(ref.base_url, ref.model, fixed,
                                         timeout_s=lc.request_timeout_s, ignore_eos=lc.ignore_eos)
             write_records(self.reference_path, [reference[k] for k in sorted(reference)])
+            self._fetch_class_references(ref, fixed)
 
         self.health = HealthSampler(self.timeline, "spec", spec.base_url, cfg.recovery.health_interval_s)
         self.health.start()

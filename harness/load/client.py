@@ -610,11 +610,15 @@ def fetch_reference(
     retry_backoff_s: float = 0.5,
     server: str = "ref",
     top_logprobs: int = 2,
+    request_class: RequestClass | None = None,
 ) -> dict[int, RequestRecord]:
     """Fetch one complete greedy output per prompt (``source="reference"``, the records'
     ``server`` as given: the reference server, ``"ref"``, by default), with the
     ``top_logprobs`` most likely tokens at each position (the records' ``top_logprobs``:
-    what the integrity check needs to recognise a near-tie; 0 asks for none).
+    what the integrity check needs to recognise a near-tie; 0 asks for none). With a
+    ``request_class``, each request is that class's first turn (its endpoint and body
+    fields, :func:`request_body`), recorded with the class's name: the reference of the
+    class's own invariants (a stop string's cut, logprob values).
 
     A prompt whose record is not ``ok`` is retried up to ``retries`` times (sleeping
     ``retry_backoff_s`` x attempt in between). At most ``concurrency`` requests in flight.
@@ -635,7 +639,7 @@ def fetch_reference(
                 time.sleep(retry_backoff_s * attempt)
             rec = stream_completion(client, base_url, model, prompt, timeout_s=timeout_s,
                                     source="reference", ignore_eos=ignore_eos, server=server,
-                                    top_logprobs=top_logprobs)
+                                    top_logprobs=top_logprobs, request_class=request_class)
             if rec.ok:
                 return rec
             log.warning("reference prompt %d attempt %d failed: %s (%s)", prompt.prompt_id,

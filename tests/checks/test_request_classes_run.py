@@ -12,7 +12,7 @@ import pytest
 from harness.checks import integrity
 from harness.checks.base import RecordedRun
 from harness.checks.config import IntegrityConfig
-from harness.load.client import make_client, stream_completion
+from harness.load.client import fetch_reference, make_client, stream_completion
 from harness.checks.request_classes import classes_section
 from harness.load.config import LoadConfig
 from harness.load.records import RequestRecord
@@ -84,7 +84,8 @@ def test_each_defect_fails_its_own_invariant_only(defect):
             entry = section[name]["invariants"][inv]
             assert entry["violations"] == c.observed > 0 and entry["first"]["request_id"] in c.detail
     idle = [c for c in checks if c.name.startswith("integrity.classes.idle.")]
-    assert {c.name for c in idle} == {"integrity.classes.idle.stop", "integrity.classes.idle.usage"}
+    assert {c.name for c in idle} == {"integrity.classes.idle.stop", "integrity.classes.idle.usage",
+                                      "integrity.classes.idle.stop_cut"}
     assert all(not c.judged for c in idle) and section["idle"] == {"responses": 0, "compared": 0, "invariants": {}}
     assert Integrity.model_validate(integrity.section(run)).classes["stop"].responses == len(PROMPTS)
     assert _class_line(section["stop"]).startswith(f"{len(PROMPTS)} responses; stop ")
@@ -147,3 +148,37 @@ def test_the_decoder_is_the_target_tokenizer_and_a_missing_one_leaves_text_unjud
     assert _decoder(RecordedRun(records=[], reference={}, events=[], limits=here))(ids) == tok.decode(ids)
     gone = SpecchaosConfig.model_validate({"stack": {"models_dir": str(tmp_path / "nowhere")}})
     assert _decoder(RecordedRun(records=[], reference={}, events=[], limits=gone)) is None
+
+
+def class_refs(*flags: str, classes) -> list[RequestRecord]:
+    """The per-class reference fetch of a run (``class_reference.jsonl``) from a fake started with ``flags``."""
+    with run_fake("--step-delay-s", "0.005", *flags) as fake:
+        return [r for c in classes for r in fetch_reference(fake.base_url, fake.served_model_name, PROMPTS,
+                                                            timeout_s=10, request_class=c, top_logprobs=0).values()]
+
+
+def test_the_per_class_reference_fetch_judges_the_reference_invariants_without_mirror_mode():
+    classes = [LOAD.request_classes[0], LOAD.request_classes[2], LOAD.request_classes[3]]   # stop, lp, chatlp
+    limits = SimpleNamespace(integrity=IntegrityConfig(min_compared=0), load=LoadConfig(request_classes=classes))
+
+    def judged(refs):
+        run = RecordedRun(records=records, reference={}, events=[], limits=limits,  # type: ignore[arg-type]
+                          class_reference=refs)
+        return {c.name: c for c in integrity.check(run)}, integrity.section(run)["classes"]
+
+    records = responses(classes=classes)
+    refs = class_refs(classes=classes)
+    assert {r.request_class for r in refs} == {"stop", "lp", "chatlp"} and all(r.source == "reference" for r in refs)
+    checks, section = judged(refs)
+    for name, inv in (("stop", "stop_cut"), ("lp", "logprobs_ref"), ("chatlp", "logprobs_ref")):
+        assert checks[f"integrity.classes.{name}.{inv}"].passed is True
+        assert section[name]["compared"] == len(PROMPTS)
+    # the reference's logprobs from another model: every value differs
+    checks, _ = judged(class_refs("--defect", "zero_logprobs", classes=classes))
+    assert checks["integrity.classes.lp.logprobs_ref"].passed is False
+    assert checks["integrity.classes.chatlp.logprobs_ref"].passed is False
+    # no reference at all: the reference invariants are not judged, and say why
+    checks, section = judged([])
+    for name, inv in (("stop", "stop_cut"), ("lp", "logprobs_ref")):
+        c = checks[f"integrity.classes.{name}.{inv}"]
+        assert c.passed is None and "had a reference to compare with" in c.detail and section[name]["compared"] == 0

@@ -40,12 +40,16 @@ def test_request_mix_on_the_real_stack(tmp_path, specchaos_pool, fault):
     assert code == 0 and rep["verdict"] == "pass", (rep["errors"], failed)
     classes = rep["integrity"]["classes"]
     assert list(classes) == ["plain", "stop", "logprobs", "chat", "json-schema"]
-    expected = {"plain": {"usage"}, "stop": {"stop", "usage"}, "logprobs": {"logprobs", "usage"},
-                "chat": {"logprobs", "usage"}, "json-schema": {"structured", "usage"}}
+    # the reference invariants too: the run fetched each such class's reference (no mirror mode)
+    expected = {"plain": {"usage"}, "stop": {"stop", "usage", "stop_cut"},
+                "logprobs": {"logprobs", "usage", "logprobs_ref"}, "chat": {"logprobs", "usage", "logprobs_ref"},
+                "json-schema": {"structured", "usage"}}
     for name, invariants in expected.items():
         judged = {inv: e for inv, e in classes[name]["invariants"].items() if e["judged"]}
         assert invariants <= set(judged), (name, classes[name])
         assert all(e["violations"] == 0 for e in judged.values()), (name, judged)
+    for name in ("stop", "logprobs", "chat"):
+        assert classes[name]["compared"] > 0, (name, classes[name])
     assert rep["integrity"]["compared"] >= 10 and rep["integrity"]["mismatched"] == 0
     assert rep["integrity"]["not_comparable"] > 0          # stop, chat and JSON-schema: judged by their invariants
     per_class = rep["acceptance_floor"]["request_classes"]
