@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Optional
@@ -54,7 +55,9 @@ from harness.experiment.schema import SCHEMA_NAMES, write_schemas
 from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments
 from harness.experiment.sweep import POLICY_FILE, plan_sweep, run_sweep
 from harness.experiment.schema import schema as json_schema
+from harness.experiment.findings import load_findings, run_findings, shipped_findings_dir
 from harness.experiment.validate import load_experiment
+from harness.load.client import check_loopback_url
 from harness.load.source_prep import bucket_table
 from harness.report.allure import ALLURE_DIR_ENV
 from harness.report.compare import render_comparison, write_allure_comparison
@@ -198,6 +201,46 @@ def _run_repeats(file: Path, out_dir: Path, n: int, progress: bool, sets: list[s
     out.print(f"verdicts: {', '.join(verdicts)} ({len(set(verdicts))} distinct); stacks started {pool.starts}, "
               f"reused {pool.reuses}; compare with: specchaos compare BASE {out_dir}", highlight=False)
     raise typer.Exit(code)
+
+
+@app.command()
+def findings(names: Optional[list[str]] = typer.Argument(None, metavar="[NAME]...",
+                                                         help="Findings to check (default: every one)."),
+             spec_url: Optional[str] = typer.Option(None, "--spec-url", metavar="URL",
+                                                    help="A running speculative server (loopback) instead of "
+                                                         "starting each finding's stack."),
+             plain_url: Optional[str] = typer.Option(None, "--plain-url", metavar="URL",
+                                                     help="A running plain server on the same target (with --spec-url)."),
+             require_all: bool = typer.Option(False, "--require-all",
+                                              help="Exit 1 unless every finding reproduces (a gate, not a report)."),
+             root: Path = typer.Option(None, "--dir", metavar="DIR",
+                                       help="The catalogue (default: the shipped experiments/findings).")) -> None:
+    """Check the findings catalogue on the engine here: run each finding's reproduction and say
+    whether it reproduces, is fixed (a newer release) or is not reproducible here."""
+    try:
+        if (spec_url is None) != (plain_url is None):
+            raise SpecchaosError("give both --spec-url and --plain-url, or neither (each finding's stack is started)",
+                                 where="specchaos findings")
+        urls = None
+        if spec_url is not None and plain_url is not None:
+            urls = {"spec": str(check_loopback_url(spec_url, "--spec-url")),
+                    "plain": str(check_loopback_url(plain_url, "--plain-url"))}
+        catalogue = load_findings(root or shipped_findings_dir(), names or None)
+        with tempfile.TemporaryDirectory(prefix="specchaos-findings-") as tmp:
+            results = run_findings(catalogue, urls=urls, work_dir=Path(tmp))
+    except SpecchaosError as exc:
+        _fail(exc)
+        return
+    for r in results:
+        out.print(f"{r.finding.name:<36} {r.status:<22} {r.summary}", highlight=False, soft_wrap=True)
+    changed = [r for r in results if r.status != "reproduces" and r.finding.status == "open"]
+    for r in changed:   # a changed engine is news: say it loudly
+        err.print(f"specchaos: NOTE: finding {r.finding.name} (found on {r.finding.engine} {r.finding.version}) "
+                  f"{r.status} on the engine here (vLLM {r.engine_version}): update its FINDING.md",
+                  highlight=False, soft_wrap=True)
+    n = sum(r.status == "reproduces" for r in results)
+    out.print(f"findings: {n} of {len(results)} reproduce here", highlight=False)
+    raise typer.Exit(1 if require_all and n < len(results) else 0)
 
 
 @app.command()

@@ -44,9 +44,9 @@ needing more 128-token blocks than that counts a preemption), token and request 
 labelled ``model_name``), ``POST /tokenize`` (``count``: BOS plus one token per word),
 ``POST /v1/completions`` (streaming or not; ``stream_options.include_usage``,
 ``return_token_ids``, ``max_tokens``, ``temperature``, ``seed``, ``ignore_eos``), HTTP/1.1
-with chunked streams like uvicorn; ``POST /v1/chat/completions`` (streaming only; the
+with chunked streams like uvicorn; ``POST /v1/chat/completions`` (streaming or not; the
 prompt is the messages' ``role: content`` lines; chunks carry ``delta.content``, a first
-chunk ``delta.role``). Streams of either honour (:class:`Output`): ``stop`` strings (the
+chunk ``delta.role``; a whole answer ``message.content``). Streams of either honour (:class:`Output`): ``stop`` strings (the
 text ends before the first one to complete, ``finish_reason "stop"``, ``stop_reason`` the
 string, the ids end with the token that completed it); ``logprobs`` (completions: an
 integer, ``logprobs.token_logprobs``/``tokens``/``top_logprobs`` with the chosen token
@@ -886,8 +886,8 @@ class Handler(BaseHTTPRequestHandler):
             self._scenario(scenario, body)
             return
         if url.path == "/v1/chat/completions":
-            if not isinstance(body.get("messages"), list) or not body.get("stream"):
-                self._error(400, "the fake serves streaming chat with messages only", "BadRequestError")
+            if not isinstance(body.get("messages"), list):
+                self._error(400, "the fake serves chat with messages only", "BadRequestError")
                 return
             body = {**body, "prompt": chat_prompt(body["messages"])}
         self._generate(body, chat=url.path == "/v1/chat/completions")
@@ -947,7 +947,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(req, bool(opts.get("include_usage")), bool(body.get("return_token_ids")),
                              Output(body, st.args.defect), chat)
             else:
-                self._whole(req, bool(body.get("return_token_ids")))
+                self._whole(req, bool(body.get("return_token_ids")), chat)
         except (OSError, ValueError):   # the client went away (a reset, or a closed file)
             st.engine.cancel(req)
             self.close_connection = True
@@ -1029,7 +1029,7 @@ class Handler(BaseHTTPRequestHandler):
         return {"text_offset": [0] * len(ids), "token_logprobs": lps, "tokens": names,
                 "top_logprobs": [{n: lp} for n, lp in zip(names, lps)]}
 
-    def _whole(self, req: Request, token_ids: bool) -> None:
+    def _whole(self, req: Request, token_ids: bool, chat: bool = False) -> None:
         st = self.st
         while True:
             ev = self._next_event(req)
@@ -1038,7 +1038,15 @@ class Handler(BaseHTTPRequestHandler):
                 return
             if ev[2] is not None:
                 break
-        choice: dict[str, Any] = {"index": 0, "text": "".join(token_text(t) for t in req.tokens), "logprobs": None,
+        text = "".join(token_text(t) for t in req.tokens)
+        if chat:
+            self._json(200, {"id": f"chatcmpl-{os.urandom(16).hex()}", "object": "chat.completion",
+                             "created": int(time.time()), "model": st.model_name,
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                          "logprobs": None, "finish_reason": req.finish}],
+                             "usage": self._usage(req)})
+            return
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
                                   "finish_reason": req.finish, "stop_reason": None}
         if token_ids:
             choice["token_ids"] = list(req.tokens)
