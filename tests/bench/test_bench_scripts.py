@@ -158,7 +158,8 @@ def run_quick(script: str, timeout: float) -> dict:
 @pytest.mark.parametrize("script,arg", [("accuracy", "--pairs=0"), ("accuracy", "--users=0"),
                                         ("loadgen_capacity", "--users=0"), ("loadgen_capacity", "--seconds=0"),
                                         ("sweep_overhead", "--phase-s=0"), ("pacer_lag", "--rates=0"),
-                                        ("pacer_lag", "--seconds=0")])
+                                        ("pacer_lag", "--seconds=0"), ("judge_scale", "--sizes=0"),
+                                        ("judge_scale", "--template=/nonexistent")])
 def test_bad_arguments_exit_2_with_one_line(script, arg):
     p = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), arg], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
@@ -167,6 +168,14 @@ def test_bad_arguments_exit_2_with_one_line(script, arg):
 
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.nightly   # a template run on the fake and two re-judgements: ~1 min
+@pytest.mark.timeout(300)
+def test_judge_scale_quick():
+    out = run_quick("judge_scale", timeout=290)
+    assert [r["records"] for r in out["rows"]] == [2000, 20000]
+    assert all(r["seconds"] > 0 and r["peak_rss_mb"] > 0 and r["verdict"] == "pass" for r in out["rows"])
 
 
 @pytest.mark.timeout(120)
