@@ -117,6 +117,36 @@ def _resample(runs: Sequence[np.ndarray], rng: np.random.Generator, within: bool
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
+def _sides(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Sequence[float]],
+           stats: Callable[[np.ndarray], np.ndarray], min_values: int
+           ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None, np.ndarray | None, tuple[int, int, int, int],
+                      list[Estimate]]:
+    """Each side's runs with values, its pooled statistics (None when it has fewer than
+    ``min_values`` values), the sizes ``(n_a, n_b, runs_a, runs_b)`` and the estimates
+    without a change (what is returned when a side is short)."""
+    A = [np.asarray(r, dtype=float) for r in a_runs if len(r)]
+    B = [np.asarray(r, dtype=float) for r in b_runs if len(r)]
+    pa, pb = _pooled(A), _pooled(B)
+    sizes = (len(pa), len(pb), len(A), len(B))
+    sa = np.asarray(stats(pa), dtype=float) if len(pa) else None
+    sb = np.asarray(stats(pb), dtype=float) if len(pb) else None
+    m = len(sa) if sa is not None else len(sb) if sb is not None else 0
+    bare = [Estimate(None if sa is None else float(sa[i]), None if sb is None else float(sb[i]), None, None, None,
+                     *sizes) for i in range(m)]
+    if len(pa) < min_values or len(pb) < min_values:
+        return A, B, None, None, sizes, bare
+    return A, B, sa, sb, sizes, bare
+
+
+def _points(sa: np.ndarray, sb: np.ndarray, relative: bool, sizes: tuple[int, int, int, int]) -> list[Estimate]:
+    """The estimates with the change and no interval."""
+    out = []
+    for x, y in zip(sa, sb):
+        c = _change(float(x), float(y), relative)
+        out.append(Estimate(float(x), float(y), None if math.isnan(c) else c, None, None, *sizes))
+    return out
+
+
 def _draws(A: Sequence[np.ndarray], B: Sequence[np.ndarray], stats: Callable[[np.ndarray], np.ndarray], m: int,
            per_run: bool, resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``resamples`` two-level resamples of each side's ``m`` statistics (module doc):
@@ -175,20 +205,13 @@ def bootstrap_changes(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Sequen
     values to a 1-D array of ``m`` statistics; returns ``m`` estimates in that order ([]
     when neither side has a value). Raises as :func:`bootstrap_change`."""
     _check(confidence, resamples)
-    A = [np.asarray(r, dtype=float) for r in a_runs if len(r)]
-    B = [np.asarray(r, dtype=float) for r in b_runs if len(r)]
-    pa, pb = _pooled(A), _pooled(B)
-    sizes = (len(pa), len(pb), len(A), len(B))
-    sa = np.asarray(stats(pa), dtype=float) if len(pa) else None
-    sb = np.asarray(stats(pb), dtype=float) if len(pb) else None
-    m = len(sa) if sa is not None else len(sb) if sb is not None else 0
-    if sa is None or sb is None or len(pa) < min_values or len(pb) < min_values:
-        return [Estimate(None if sa is None else float(sa[i]), None if sb is None else float(sb[i]), None, None, None,
-                         *sizes) for i in range(m)]
+    A, B, sa, sb, sizes, bare = _sides(a_runs, b_runs, stats, min_values)
+    if sa is None or sb is None:
+        return bare
+    m = len(sa)
     changes = np.array([_change(float(x), float(y), relative) for x, y in zip(sa, sb)])
     if per_run and (len(A) < 2 or len(B) < 2):
-        return [Estimate(float(sa[i]), float(sb[i]), None if np.isnan(changes[i]) else float(changes[i]), None, None,
-                         *sizes) for i in range(m)]
+        return _points(sa, sb, relative, sizes)
     da, db = _draws(A, B, stats, m, per_run, resamples, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         draws = db / da - 1.0 if relative else db - da
@@ -234,33 +257,19 @@ def cluster_changes(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Sequence
         ValueError: ``confidence`` outside (0, 1) or ``resamples`` < 10.
     """
     _check(confidence, resamples)
-    A = [np.asarray(r, dtype=float) for r in a_runs if len(r)]
-    B = [np.asarray(r, dtype=float) for r in b_runs if len(r)]
-    pa, pb = _pooled(A), _pooled(B)
-    sizes = (len(pa), len(pb), len(A), len(B))
-    sa = np.asarray(stats(pa), dtype=float) if len(pa) else None
-    sb = np.asarray(stats(pb), dtype=float) if len(pb) else None
-    m = len(sa) if sa is not None else len(sb) if sb is not None else 0
-    bare = [Estimate(None if sa is None else float(sa[i]), None if sb is None else float(sb[i]), None, None, None,
-                     *sizes) for i in range(m)]
-    if sa is None or sb is None or len(pa) < min_values or len(pb) < min_values:
+    A, B, sa, sb, sizes, bare = _sides(a_runs, b_runs, stats, min_values)
+    if sa is None or sb is None:
         return bare
-    out = []
-    changes = [_change(float(x), float(y), relative) for x, y in zip(sa, sb)]
-    pending = len(A) >= min_runs and len(B) >= min_runs
-    da, db = _draws(A, B, stats, m, per_run, resamples, seed) if pending else (None, None)
-    if da is None or db is None:
-        return [Estimate(float(sa[i]), float(sb[i]), None if math.isnan(c) else c, None, None, *sizes)
-                for i, c in enumerate(changes)]
+    points = _points(sa, sb, relative, sizes)
+    if len(A) < min_runs or len(B) < min_runs:
+        return points
+    da, db = _draws(A, B, stats, len(sa), per_run, resamples, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         ra = np.array([np.asarray(stats(r), dtype=float) for r in A])
         rb = np.array([np.asarray(stats(r), dtype=float) for r in B])
-    for i in range(m):
-        c = changes[i]
-        est = Estimate(float(sa[i]), float(sb[i]), None if math.isnan(c) else c, None, None, *sizes)
-        out.append(est if est.change is None else
-                   _interval(est, (da[:, i], ra[:, i]), (db[:, i], rb[:, i]), relative, confidence, resamples))
-    return out
+    return [est if est.change is None else
+            _interval(est, (da[:, i], ra[:, i]), (db[:, i], rb[:, i]), relative, confidence, resamples)
+            for i, est in enumerate(points)]
 
 
 def _interval(est: Estimate, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], relative: bool,
