@@ -82,10 +82,10 @@ def render_comparison(result: dict[str, Any], everything: bool = False) -> Rende
     single = result["verdict"] == "needs_repeats"
     title = (f"B vs A: change (A {na} run(s), B {nb} run(s)); no intervals with one run on a side" if single else
              f"B vs A: change with {conf * 100:g}% interval (cluster bootstrap over runs and requests, "
-             f"A {na} run(s), B {nb} run(s)); p: regression beyond the tolerance, "
+             f"A {na} run(s), B {nb} run(s)); p adj.: of a regression beyond the tolerance, "
              f"{CORRECTIONS.get(result['correction'], result['correction'])}-adjusted")
     tab = Table(title=title, title_justify="left")
-    for col in ("phase", "bucket", "figure", "A", "B", "change", "interval", "p", "tolerance", "verdict"):
+    for col in ("phase", "bucket", "figure", "A", "B", "change", "interval", "p adj.", "tolerance", "verdict"):
         tab.add_column(col, justify="left" if col in ("phase", "bucket", "figure", "verdict") else "right")
     for r in result["rows"]:
         moved = beyond(r) if r["verdict"] == "needs_repeats" else r["verdict"] not in ("within", "not_judged")
