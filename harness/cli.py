@@ -8,8 +8,12 @@
     specchaos report DIR                 re-judge a finished run from its saved data
     specchaos sweep FILE [--out DIR]     a matrix of cells, each speculative vs plain; DIR/policy.json,
                                          a table and plots; rerun with the same --out to resume
-    specchaos compare A B [--tolerance NAME=VALUE]... [--json FILE] [--allure-dir DIR]
-                                         B vs A per phase and bucket, bootstrap intervals; exit 1 on a regression
+    specchaos compare A B [--tolerance NAME=VALUE]... [--tolerance-file FILE] [--allow-different[-in FIELD]]
+                      [--json FILE] [--allure-dir DIR]
+                                         B vs A per phase and bucket with repeats as clusters, p-values
+                                         adjusted for the family; exit 1 on a regression, 2 on different settings
+    specchaos compare A [B] --calibrate FILE
+                                         write the A/A spread of every figure (tolerances for --tolerance-file)
     specchaos models build [--dir DIR] [--set tiny|real]
                                          build the tiny offline models (or the real set:
                                          SmolLM2-135M-Instruct and layer-skip drafts)
@@ -45,8 +49,8 @@ from faults.registry import REGISTRY
 from harness.errors import SpecchaosError
 from harness.experiment import session
 from harness.experiment.actions import FAULT_ACTIONS
+from harness.experiment.compare import calibrate, differences, parse_tolerances, read_side, read_tolerance_file, refused
 from harness.experiment.compare import compare as do_compare
-from harness.experiment.compare import parse_tolerances, read_side
 from harness.experiment.overrides import Override, collect_overrides
 from harness.experiment.rejudge import rejudge
 from harness.experiment.runner import EXIT_CODES
@@ -60,7 +64,7 @@ from harness.experiment.validate import load_experiment
 from harness.load.client import check_loopback_url
 from harness.load.source_prep import bucket_table
 from harness.report.allure import ALLURE_DIR_ENV
-from harness.report.compare import render_comparison, write_allure_comparison
+from harness.report.compare import CORRECTIONS, render_comparison, write_allure_comparison
 from harness.report.prometheus import TEXTFILE as PROM_TEXTFILE
 from harness.report.summary import print_summary
 from harness.report.sweep import plot_sweep, render_sweep
@@ -267,27 +271,58 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
 
 
 @app.command()
-def compare(a: Path = typer.Argument(..., metavar="A", help="Base: a run directory, or a directory of runs (--repeat)."),
-            b: Path = typer.Argument(..., metavar="B", help="Candidate: a run directory, or a directory of runs."),
+def compare(a: Path = typer.Argument(..., metavar="A", help="Base: a run directory, or a directory of runs (--repeat, or run directories gathered in one)."),
+            b: Optional[Path] = typer.Argument(None, metavar="B", help="Candidate: a run directory, or a directory of runs (optional with --calibrate)."),
             tolerances: Optional[list[str]] = typer.Option(None, "--tolerance", metavar="NAME=VALUE", help="latency, throughput, recovery (fractions, relative); error_rate, acceptance (absolute). Repeatable."),
-            confidence: float = typer.Option(0.95, "--confidence", help="Coverage of the bootstrap intervals, in (0, 1)."),
+            tolerance_file: Optional[Path] = typer.Option(None, "--tolerance-file", metavar="FILE", help="Per-figure tolerances at least the A/A spread written by --calibrate."),
+            calibrate_out: Optional[Path] = typer.Option(None, "--calibrate", metavar="FILE", help="Write the A/A spread of every figure over the runs of A (and B), all with the same settings, to FILE; compares nothing."),
+            confidence: float = typer.Option(0.95, "--confidence", help="Coverage of the intervals, in (0, 1); 1 - confidence is the level of the adjusted p-values."),
+            correction: str = typer.Option("bh", "--correction", metavar="bh|holm|none", help="How the p-values of the family of figures are adjusted: Benjamini-Hochberg (default), Holm, or none."),
             resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples (at least 10)."),
             seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+            allow_different: bool = typer.Option(False, "--allow-different", help="Compare although settings differ (they are listed)."),
+            allow_in: Optional[list[str]] = typer.Option(None, "--allow-different-in", metavar="FIELD", help="Allow differences at or under FIELD only (e.g. stack.draft, stack, method). Repeatable."),
             json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Also write the comparison as JSON."),
             allure_dir: Optional[Path] = typer.Option(None, "--allure-dir", help="Also write an Allure result of the comparison here."),
             everything: bool = typer.Option(False, "--all", help="Print every row (default: every bucket 'all' row and the other rows that moved).")) -> None:
-    """Compare candidate B with base A per phase and bucket, with bootstrap intervals (exit 1 on a regression beyond its tolerance, 0 on none, 2 on bad input)."""
+    """Compare candidate B with base A per phase and bucket (exit 1 on a regression with confidence, 0 on none or when a side has one run, 2 on bad input or different settings)."""
     try:
         if not 0 < confidence < 1:
             raise SpecchaosError(f"must be in (0, 1), got {confidence}", where="--confidence")
         if resamples < 10:
             raise SpecchaosError(f"must be at least 10, got {resamples}", where="--resamples")
+        if correction not in CORRECTIONS:
+            raise SpecchaosError(f"must be one of {', '.join(CORRECTIONS)}, got {correction!r}", where="--correction")
+        if b is None and calibrate_out is None:
+            raise SpecchaosError("missing the candidate B", where="compare A B",
+                                 hint="or --calibrate FILE to measure the A/A spread of A's runs")
         tol = parse_tolerances(tolerances or [])
-        result = do_compare(read_side(a), read_side(b), tolerances=tol, confidence=confidence,
-                            resamples=resamples, seed=seed)
+        cal = read_tolerance_file(tolerance_file) if tolerance_file is not None else None
+        sides = [read_side(a)] + ([read_side(b)] if b is not None else [])
+        diffs = differences(*sides)
+        bad = refused(diffs, allow_different, allow_in or [])
+        if bad:
+            for d in bad:
+                err.print(f"specchaos: error: {d.line()}", markup=False, highlight=False, soft_wrap=True)
+            raise SpecchaosError(f"refusing to compare runs whose settings differ ({len(bad)} above)",
+                                 hint="--allow-different, or --allow-different-in FIELD for what B is meant to change")
+        if calibrate_out is not None:
+            spread = calibrate(sides)
+            calibrate_out.write_text(spread.model_dump_json(indent=1))
+            out.print(f"A/A spread of {len(spread.figures)} figure(s) over {len(spread.runs)} run(s) written to "
+                      f"{calibrate_out}; use it with: specchaos compare BASE CANDIDATE --tolerance-file {calibrate_out}",
+                      highlight=False)
+            raise typer.Exit(0)
+        assert b is not None
+        if cal is not None and cal.plan_digest != sides[0].settings[0].get("load.plan_digest"):
+            out.print(f"note: {tolerance_file} was calibrated on another load plan ({cal.experiment})", highlight=False)
+        result = do_compare(sides[0], sides[1], tolerances=tol, confidence=confidence, resamples=resamples,
+                            seed=seed, correction=correction,  # type: ignore[arg-type]
+                            calibrated={k: v.spread for k, v in cal.figures.items()} if cal else None)
     except SpecchaosError as exc:
         _fail(exc)
         return
+    result["differences"] = [{"field": d.field, "between": d.between, "line": d.line()} for d in diffs]
     out.print(render_comparison(result, everything))
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=1))

@@ -1,7 +1,10 @@
 """``specchaos run --repeat N`` and ``specchaos compare A B`` end to end on the fake vLLM
 (real supervisor, real locust): repeats share one stack and land in OUT/repeat-<i>; a
-candidate whose engine steps are three times slower is a regression with confidence
-(exit 1), a side compared with itself is not (exit 0), bad input is one line (exit 2)."""
+candidate whose engine steps are three times slower (two repeats a side) is a regression
+with confidence (exit 1) once the launcher it changes is allowed to differ, and refused
+(exit 2, naming ``stack.launcher``) before; a side compared with itself is not a
+regression (exit 0), one run against one is no verdict (exit 0); bad input is one line
+(exit 2)."""
 
 from __future__ import annotations
 
@@ -27,14 +30,14 @@ class SlowFakeStack(FakeStack):
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory):
-    """Base: two repeats on the fake (one stack); candidate: one run with slow steps."""
+    """Base: two repeats on the fake (one stack); candidate: two repeats with slow steps."""
     register_launcher(SlowFakeStack.launcher, SlowFakeStack)
     tmp = tmp_path_factory.mktemp("compare")
     base = fast_experiment(tmp, "base")
     res = cli("run", str(base), "--out", str(tmp / "A"), "--repeat", "2", "--no-progress")
     assert res.returncode in (0, 1), res.stdout[-3000:] + res.stderr[-3000:]
     slow = fast_experiment(tmp, "slow", stack={"launcher": SlowFakeStack.launcher})
-    res_b = cli("run", str(slow), "--out", str(tmp / "B"), "--no-progress")
+    res_b = cli("run", str(slow), "--out", str(tmp / "B"), "--repeat", "2", "--no-progress")
     assert res_b.returncode in (0, 1), res_b.stdout[-3000:] + res_b.stderr[-3000:]
     return tmp, res
 
@@ -48,13 +51,15 @@ def test_repeats_land_in_their_own_directories_on_one_stack(sides):
 
 def test_slower_steps_are_a_regression_with_confidence(sides):
     tmp, _ = sides
+    refused = cli("compare", str(tmp / "A"), str(tmp / "B"))
+    assert refused.returncode == 2 and "stack.launcher: A \"fake\", B \"fake-slow-steps\"" in refused.stderr
     res = cli("compare", str(tmp / "A"), str(tmp / "B"), "--json", str(tmp / "cmp.json"),
-              "--allure-dir", str(tmp / "allure"), "--resamples", "200")
+              "--allure-dir", str(tmp / "allure"), "--resamples", "200", "--allow-different-in", "stack.launcher")
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr
     result = json.loads((tmp / "cmp.json").read_text())
     tpot = next(r for r in result["rows"] if (r["phase"], r["bucket"], r["figure"]) == ("baseline", "all", "tpot_s p50"))
     assert tpot["verdict"] == "regression" and tpot["change"] > 1.0 and tpot["low"] > 0.1, tpot
-    assert tpot["runs_a"] == 2 and tpot["runs_b"] == 1
+    assert tpot["runs_a"] == 2 and tpot["runs_b"] == 2 and tpot["p_regression_adj"] <= 0.05
     assert "REGRESSION" in res.stdout
     (allure,) = (tmp / "allure").glob("*-result.json")
     assert json.loads(allure.read_text())["status"] == "failed"
@@ -62,9 +67,16 @@ def test_slower_steps_are_a_regression_with_confidence(sides):
 
 def test_a_side_compared_with_itself_has_no_regression(sides):
     tmp, _ = sides
-    res = cli("compare", str(tmp / "A" / "repeat-1"), str(tmp / "A" / "repeat-1"), "--resamples", "50")
+    res = cli("compare", str(tmp / "A"), str(tmp / "A"), "--resamples", "50")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
     assert "no regression with confidence" in res.stdout
+
+
+def test_one_repeat_against_another_is_no_verdict(sides):
+    tmp, _ = sides
+    res = cli("compare", str(tmp / "A" / "repeat-1"), str(tmp / "A" / "repeat-2"), "--resamples", "50")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    assert "no verdict" in res.stdout
 
 
 @pytest.mark.parametrize("args, needles", [
