@@ -103,8 +103,18 @@ class FaultInjector:
         self.handles: list[FaultHandle] = []
         self.prepared: list[Fault] = []
         self._lock = threading.RLock()
-        #: What the stack's spec server answered on ``GET /version`` ("" for no answer); None: not asked yet.
-        self._server_version: str | None = None
+        #: Spec server base URL → what it answered on ``GET /version`` ("" for no answer), asked once each.
+        self._versions: dict[str, str] = {}
+
+    def _server_version(self) -> str:
+        """The vLLM version the stack's spec server reported (:func:`reported_vllm_version`),
+        asked once per server URL, before a fault acts; "" when there is no such server yet."""
+        server = (getattr(self.ctx.stack, "servers", None) or {}).get("spec")
+        if server is None:
+            return ""
+        if server.base_url not in self._versions:
+            self._versions[server.base_url] = reported_vllm_version(server.base_url)
+        return self._versions[server.base_url]
 
     def __enter__(self) -> "FaultInjector":
         return self
@@ -131,12 +141,11 @@ class FaultInjector:
         """
         fault = self._prepared_instance(make_fault(kind, params, where))
         ledger, tl = self.ctx.ledger, self.ctx.timeline
-        if self._server_version is None:   # asked once per injector, before the first fault acts
-            self._server_version = reported_vllm_version(self.ctx.stack)
+        server_version = self._server_version()
         with self._lock:
             target = fault.describe_target(self.ctx)
             fault_id = ledger.intend(kind, target, fault.params.model_dump(mode="json"),
-                                     system=system_of(self.ctx.stack, self._server_version))
+                                     system=system_of(self.ctx.stack, server_version))
             fault.fault_id = fault_id
             handle = FaultHandle(fault_id, kind, target, fault)
             self.handles.append(handle)
@@ -303,17 +312,13 @@ def system_of(stack: Any, server_version: str = "") -> dict[str, str]:
     return out
 
 
-def reported_vllm_version(stack: Any, timeout_s: float = 2.0) -> str:
-    """The vLLM version the stack's ``spec`` server reports on ``GET /version``
-    (``{"version": "0.x.y"}``, vLLM's OpenAI server), or "" when there is no such server or it
-    does not answer 200 with a version within ``timeout_s`` seconds (the test suite's fake vLLM
-    has no ``/version``)."""
-    server = (getattr(stack, "servers", None) or {}).get("spec")
-    if server is None:
-        return ""
+def reported_vllm_version(base_url: str, timeout_s: float = 2.0) -> str:
+    """The vLLM version the server at ``base_url`` reports on ``GET /version``
+    (``{"version": "0.x.y"}``, vLLM's OpenAI server), or "" when it does not answer 200 with a
+    version within ``timeout_s`` seconds (the test suite's fake vLLM has no ``/version``)."""
     try:
         with httpx.Client(trust_env=False, verify=False, timeout=timeout_s) as client:   # loopback or the user's URL, as the launchers ask
-            r = client.get(f"{server.base_url}/version")
+            r = client.get(f"{base_url}/version")
         return str(r.json().get("version") or "") if r.status_code == 200 else ""
     except (httpx.HTTPError, ValueError, AttributeError):
         return ""

@@ -85,18 +85,14 @@ def version_server():
 
 
 def test_the_injector_records_the_stack_it_targets_and_the_version_its_server_reported(version_server, fake_vllm):
-    stack = SimpleNamespace(launcher="local", vllm_version="0.32.0",
-                            servers={"spec": SimpleNamespace(base_url=version_server)})
-    assert reported_vllm_version(stack) == "0.32.0"
-    assert system_of(stack, reported_vllm_version(stack)) == REAL and system_of(None) == {}
+    stack = SimpleNamespace(launcher="local", vllm_version="0.32.0")
+    assert reported_vllm_version(version_server) == "0.32.0"
+    assert system_of(stack, reported_vllm_version(version_server)) == REAL and system_of(None) == {}
     assert system_of(stack) == {"launcher": "local", "vllm_version": "0.32.0"}   # no answer: left out
     assert system_of(type("S", (), {"launcher": "docker"})()) == {"launcher": "docker"}
-    # no server, one that is gone, and the fake vLLM (no /version): nothing reported
-    assert reported_vllm_version(None) == "" and reported_vllm_version(SimpleNamespace(servers={})) == ""
-    gone = SimpleNamespace(servers={"spec": SimpleNamespace(base_url="http://127.0.0.1:9")})
-    assert reported_vllm_version(gone, timeout_s=1.0) == ""
-    fake = fake_vllm()
-    assert reported_vllm_version(SimpleNamespace(servers={"spec": fake})) == ""
+    # a server that is gone, and the fake vLLM (no /version): nothing reported
+    assert reported_vllm_version("http://127.0.0.1:9", timeout_s=1.0) == ""
+    assert reported_vllm_version(fake_vllm().base_url) == ""
 
 
 
@@ -110,10 +106,13 @@ def test_the_ledger_of_an_injection_holds_the_version_the_server_reported(versio
     monkeypatch.setitem(REGISTRY, Flag.kind, Flag)
     stack = SimpleNamespace(launcher="local", vllm_version="0.31.0",   # the package says one thing, the server another
                             servers={"spec": SimpleNamespace(base_url=version_server)})
-    with FaultInjector(InjectionContext(stack, Timeline(tmp_path / "t.jsonl"), Ledger(tmp_path / "ledger.jsonl"))) as inj:
+    ctx = InjectionContext(None, Timeline(tmp_path / "t.jsonl"), Ledger(tmp_path / "ledger.jsonl"))
+    with FaultInjector(ctx) as inj:
+        inj.inject("test-flag", {"name": "before-the-stack"})   # no stack yet: nothing to ask
+        ctx.stack = stack
         inj.inject("test-flag", {"name": "coverage"})
-    (intended,) = [e for e in read_ledger_lines(tmp_path / "ledger.jsonl") if e["event"] == "intended"]
-    assert intended["system"] == {"launcher": "local", "vllm_version": "0.31.0", "server_vllm_version": "0.32.0"}
+    intended = [e["system"] for e in read_ledger_lines(tmp_path / "ledger.jsonl") if e["event"] == "intended"]
+    assert intended == [{}, {"launcher": "local", "vllm_version": "0.31.0", "server_vllm_version": "0.32.0"}]
 
 def test_families_for_gpu_hosts_are_named_apart_on_a_host_without_one(monkeypatch):
     from faults.cuda_error import CudaError
