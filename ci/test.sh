@@ -12,7 +12,8 @@
 #                        nightly): make test-nightly
 #
 # Extra pytest options: $PYTEST_ARGS (word-split). $SPECCHAOS_JUNIT_DIR keeps each group's JUnit XML. Exit: 0 when every group passed, else the
-# first failing group's pytest exit code (5, no test collected, included).
+# first failing group's pytest exit code (5, no test collected, included); with $SPECCHAOS_REQUIRE_LISTED_SKIPS=1,
+# 1 when a test skipped that tests/allowed-skips.txt does not name (ci/junit_check.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${SPECCHAOS_PYTHON:-.venv/bin/python}"
@@ -50,15 +51,12 @@ esac
 echo "=== test tiers: wall time (this machine: $(nproc) cores)"
 for line in "${summary[@]}"; do echo "  $line"; done
 echo "  total    $((SECONDS - t_all)) s"
-# one closing line over every group (from their JUnit XML)
-"$PY" - "$junit" <<'PY'
-import sys, pathlib, xml.etree.ElementTree as ET
-n = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-for f in pathlib.Path(sys.argv[1]).glob("*.xml"):
-    for suite in ET.parse(f).getroot().iter("testsuite"):
-        for k in n:
-            n[k] += int(suite.get(k, 0))
-failed = n["failures"] + n["errors"]
-print(f"total: {n['tests'] - failed - n['skipped']} passed, {failed} failed, {n['skipped']} skipped")
-PY
+# one closing line over every group (from their JUnit XML), then each skipped test that
+# tests/allowed-skips.txt does not name; with SPECCHAOS_REQUIRE_LISTED_SKIPS=1 (.ci/run) such a
+# skip fails the run (ci/junit_check.py)
+require=()
+if [ "${SPECCHAOS_REQUIRE_LISTED_SKIPS:-}" = 1 ]; then require=(--require-listed); fi
+"$PY" ci/junit_check.py "$junit" "${require[@]}"
+rc=$?
+if [ "$rc" != 0 ] && [ "$status" = 0 ]; then status=$rc; fi
 exit "$status"

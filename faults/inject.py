@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
+
 from faults.base import Evidence, Fault
 from faults.ledger import Ledger
 from faults.registry import make_fault
@@ -101,6 +103,18 @@ class FaultInjector:
         self.handles: list[FaultHandle] = []
         self.prepared: list[Fault] = []
         self._lock = threading.RLock()
+        #: Spec server base URL → what it answered on ``GET /version`` ("" for no answer), asked once each.
+        self._versions: dict[str, str] = {}
+
+    def _server_version(self) -> str:
+        """The vLLM version the stack's spec server reported (:func:`reported_vllm_version`),
+        asked once per server URL, before a fault acts; "" when there is no such server yet."""
+        server = (getattr(self.ctx.stack, "servers", None) or {}).get("spec")
+        if server is None:
+            return ""
+        if server.base_url not in self._versions:
+            self._versions[server.base_url] = reported_vllm_version(server.base_url)
+        return self._versions[server.base_url]
 
     def __enter__(self) -> "FaultInjector":
         return self
@@ -127,10 +141,11 @@ class FaultInjector:
         """
         fault = self._prepared_instance(make_fault(kind, params, where))
         ledger, tl = self.ctx.ledger, self.ctx.timeline
+        server_version = self._server_version()
         with self._lock:
             target = fault.describe_target(self.ctx)
             fault_id = ledger.intend(kind, target, fault.params.model_dump(mode="json"),
-                                     system=system_of(self.ctx.stack))
+                                     system=system_of(self.ctx.stack, server_version))
             fault.fault_id = fault_id
             handle = FaultHandle(fault_id, kind, target, fault)
             self.handles.append(handle)
@@ -283,13 +298,30 @@ class FaultInjector:
             log.error("rolling back failed fault %s also failed: %s", handle.fault_id, _describe(exc))
 
 
-def system_of(stack: Any) -> dict[str, str]:
+def system_of(stack: Any, server_version: str = "") -> dict[str, str]:
     """What a fault on ``stack`` acts against, for the ledger's ``intended`` entry:
-    ``{"launcher": ..., "vllm_version": ...}`` from the stack (``{}`` for no stack; a field
-    the stack does not have is left out)."""
+    ``{"launcher": ..., "vllm_version": ..., "server_vllm_version": ...}``: the launcher and the
+    vLLM version the stack declares, and ``server_version``, the version its server reported
+    (:func:`reported_vllm_version`). ``{}`` for no stack; a field the stack does not have, or an
+    empty ``server_version``, is left out."""
     if stack is None:
         return {}
-    return {k: str(getattr(stack, k)) for k in ("launcher", "vllm_version") if getattr(stack, k, None) is not None}
+    out = {k: str(getattr(stack, k)) for k in ("launcher", "vllm_version") if getattr(stack, k, None) is not None}
+    if server_version:
+        out["server_vllm_version"] = server_version
+    return out
+
+
+def reported_vllm_version(base_url: str, timeout_s: float = 2.0) -> str:
+    """The vLLM version the server at ``base_url`` reports on ``GET /version``
+    (``{"version": "0.x.y"}``, vLLM's OpenAI server), or "" when it does not answer 200 with a
+    version within ``timeout_s`` seconds (the test suite's fake vLLM has no ``/version``)."""
+    try:
+        with httpx.Client(trust_env=False, verify=False, timeout=timeout_s) as client:   # loopback or the user's URL, as the launchers ask
+            r = client.get(f"{base_url}/version")
+        return str(r.json().get("version") or "") if r.status_code == 200 else ""
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return ""
 
 
 def _describe(exc: BaseException) -> str:

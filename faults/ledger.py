@@ -5,7 +5,7 @@ call returns, so a run that crashes (or is SIGKILLed) still leaves what it injec
 on disk for ``specchaos cleanup``. Each line is one state transition of one fault::
 
     {"t": <epoch s>, "fault_id": str, "event": "intended", "kind": str, "target": str, "params": {...},
-     "system": {"launcher": str, "vllm_version": str}}
+     "system": {"launcher": str, "vllm_version": str, "server_vllm_version": str}}
     {"t": ..., "fault_id": ..., "event": "injected", "facts": {...}}
     {"t": ..., "fault_id": ..., "event": "evidence", "evidence": {"acted": bool, "observations": {...}, "detail": str}}
     {"t": ..., "fault_id": ..., "event": "failed", "error": str}
@@ -14,7 +14,8 @@ on disk for ``specchaos cleanup``. Each line is one state transition of one faul
 ``intended`` is always written *before* the fault acts; its ``system`` names what the
 fault targets (the stack's launcher and the vLLM version it runs: ``"local"`` and a real
 version for the embedded stack, ``"fake"`` for the test suite's fake vLLM; empty when the
-fault has no stack), so a ledger says whether a fault acted against a real vLLM. A fault's state is its last
+fault has no stack; ``server_vllm_version``: what the spec server answered on ``GET /version``,
+absent when it did not), so a ledger says whether a fault acted against a real vLLM. A fault's state is its last
 transition among intended, injected, failed and cleared (``evidence`` does not change
 it). A fault is *open* until it is cleared: ``failed`` stays open because a fault that
 raised half-way may have partly acted.

@@ -28,6 +28,8 @@ from tests.fakes import FakeProcess, FakeServer
 from tests.fakes.cuda import build_native
 
 ROOT = Path(__file__).resolve().parents[1]
+#: pytester: the tests of this conftest's own session hooks (tests/test_coverage.py)
+pytest_plugins = ["pytester"]
 assert procs.TAG   # tags this session's child processes before any starts (see tests/procs.py)
 property_profiles.register()   # `--hypothesis-profile nightly` works for any selection of tests
 

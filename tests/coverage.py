@@ -3,7 +3,10 @@ against a real vLLM server during a test run, read from the fault ledgers the ru
 (never from a list in the code).
 
 A family counts when a ledger holds an ``intended`` entry of that kind whose ``system`` is a
-real vLLM (a launcher that is not one of the test suite's fakes, and a vLLM version) and an
+real vLLM, in the server's own word: a launcher of :data:`REAL_LAUNCHERS` (an allow-list: a new
+fake, whatever its name, never counts) and the vLLM version the answering server reported on
+``GET /version`` at run time (``server_vllm_version``, :func:`faults.inject.reported_vllm_version`;
+the installed package's version says nothing about the server that answered), and an
 ``evidence`` entry of the same fault with ``acted`` true. ``make test`` runs its real-stack
 group with ``--real-stack-coverage``: the run ends with the line
 ``real-stack coverage: FAMILY FAMILY ...`` and fails when a registered family is missing.
@@ -18,18 +21,18 @@ from pathlib import Path
 
 from harness.errors import SpecchaosError
 from harness.gpu import NO_GPU
-from tests.fakes.stack import FAKE_LAUNCHERS
 
-#: Launchers of the test suite's stand-ins (the fake vLLM under the real supervisor, the
-#: fault tests' ``ServersStack``, the pool tests' stubs): never a real vLLM.
-FAKE = frozenset(FAKE_LAUNCHERS) | {"fake", "stub"}
+#: The launchers of specchaos that run or attach to a real vLLM (harness/stack/): only their
+#: faults can count.
+REAL_LAUNCHERS = frozenset({"local", "docker", "external"})
 
 
 def real_vllm(system: dict | None) -> bool:
-    """Whether a ledger ``system`` (``{"launcher", "vllm_version"}``) is a real vLLM server."""
+    """Whether a ledger ``system`` (``{"launcher", "vllm_version", "server_vllm_version"}``) is a
+    real vLLM server: a launcher of :data:`REAL_LAUNCHERS` and a version the server reported."""
     system = system or {}
-    launcher, version = system.get("launcher"), system.get("vllm_version")
-    return bool(launcher) and launcher not in FAKE and bool(version) and version not in ("fake", "unknown")
+    version = str(system.get("server_vllm_version") or "")
+    return system.get("launcher") in REAL_LAUNCHERS and version not in ("", "fake", "unknown")
 
 
 def families_acted(ledgers: Iterable[Path]) -> Counter:

@@ -65,7 +65,7 @@ def test_a_trip_too_slow_fails(tmp_path):
     checks, _ = judged(tmp_path, [trip(1040.0), ready(1045.0)], recs)
     fb = checks["breaker.fallback_s"]
     assert checks["breaker.tripped"].passed
-    assert not fb.passed and fb.observed == pytest.approx(48.251, abs=1e-3)
+    assert fb.passed is False and fb.observed == pytest.approx(48.251, abs=1e-3)
 
 
 def test_the_limit_is_configurable(tmp_path):
@@ -83,7 +83,7 @@ def test_a_slow_host_start_up_left_out_passes_on_the_breakers_part(tmp_path):
     recs = [make_record(send_time=1052.4)]
     events = [SWAP, trip(), ready(1052.5, startup_s=49.5)]
     included, _ = judged(tmp_path, events, recs)
-    assert not included["breaker.fallback_s"].passed and "breaker.fallback_startup_ratio" not in included
+    assert included["breaker.fallback_s"].passed is False and "breaker.fallback_startup_ratio" not in included
     checks, sec = judged(tmp_path, events, recs, config=cfg(startup="excluded"))
     fb, ratio = checks["breaker.fallback_s"], checks["breaker.fallback_startup_ratio"]
     # breach 1002 -> first response ends 1052.651: 50.651 s, of which 49.5 s start-up
@@ -97,7 +97,7 @@ def test_with_the_start_up_left_out_a_late_trip_still_fails(tmp_path):
     checks, _ = judged(tmp_path, [SWAP, trip(1040.0), ready(1090.0, startup_s=45.0)], recs,
                        config=cfg(startup="excluded"))
     fb = checks["breaker.fallback_s"]
-    assert not fb.passed and fb.observed == pytest.approx(88.251 - 45.0, abs=1e-3)
+    assert fb.passed is False and fb.observed == pytest.approx(88.251 - 45.0, abs=1e-3)
 
 
 def test_a_start_up_far_slower_than_the_servers_own_fails_the_ratio(tmp_path):
@@ -120,15 +120,15 @@ def test_the_ratio_is_not_judged_without_an_earlier_start_up_or_a_plain_server(t
 
 def test_a_breach_without_a_trip_fails_both(tmp_path):
     checks, sec = judged(tmp_path, [], [make_record(send_time=1010.0)])
-    assert not checks["breaker.tripped"].passed and "never fell back" in checks["breaker.tripped"].detail
-    assert not checks["breaker.fallback_s"].passed and checks["breaker.fallback_s"].observed is None
+    assert checks["breaker.tripped"].passed is False and "never fell back" in checks["breaker.tripped"].detail
+    assert checks["breaker.fallback_s"].passed is False and checks["breaker.fallback_s"].observed is None
     assert "never tripped" in checks["breaker.fallback_s"].detail
 
 
 def test_a_plain_server_that_never_serves_fails(tmp_path):
     failed = make_record(send_time=1030.0, status=500, error="http", done=False, ok=False)
     checks, _ = judged(tmp_path, [trip(), ready(1025.0)], [failed])
-    assert not checks["breaker.fallback_s"].passed and "no complete response" in checks["breaker.fallback_s"].detail
+    assert checks["breaker.fallback_s"].passed is False and "no complete response" in checks["breaker.fallback_s"].detail
 
 
 def test_healthy_acceptance_passes_without_fallback(tmp_path):
@@ -139,7 +139,7 @@ def test_healthy_acceptance_passes_without_fallback(tmp_path):
 
 def test_nothing_recorded_is_no_pass(tmp_path):
     checks, _ = judged(tmp_path, [], [], lines=[])
-    assert not checks["breaker.tripped"].passed and checks["breaker.tripped"].observed is None
+    assert checks["breaker.tripped"].passed is False and checks["breaker.tripped"].observed is None
 
 
 def test_a_breaker_that_is_off_is_not_judged(tmp_path):
@@ -182,7 +182,7 @@ def test_a_route_fallback_slower_than_max_s_fails(tmp_path):
     recs = [make_record(send_time=1040.0, served_by="ref")]
     checks, _ = judged(tmp_path, routed(1039.0, 1039.5), recs, config=cfg("route", max_s=30))
     fb = checks["breaker.fallback_s"]
-    assert not fb.passed and fb.observed == pytest.approx(38.251, abs=1e-3)
+    assert fb.passed is False and fb.observed == pytest.approx(38.251, abs=1e-3)
 
 
 def test_a_route_that_never_happens_fails(tmp_path):
@@ -193,4 +193,4 @@ def test_a_route_that_never_happens_fails(tmp_path):
     fb = checks["breaker.fallback_s"]
     assert fb.passed is False and fb.observed is None and "no complete response came from ref" in fb.detail
     checks, _ = judged(tmp_path, [], recs, config=cfg("route"))   # and no trip at all
-    assert not checks["breaker.tripped"].passed and checks["breaker.fallback_s"].passed is False
+    assert checks["breaker.tripped"].passed is False and checks["breaker.fallback_s"].passed is False

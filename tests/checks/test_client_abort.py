@@ -5,6 +5,7 @@ unaborted requests holding KV cache) or crashes on the disconnects fails."""
 from __future__ import annotations
 
 from harness.checks.client_abort import client_abort_checks, drains
+from tests.asserts import assert_failed
 
 
 def sample(t, running, live, aborted=1):
@@ -32,17 +33,17 @@ def test_a_server_that_keeps_generating_for_gone_clients_fails():
     # aborted at t=100: two requests keep running for 6 s with no client (the known defect)
     ss = [sample(100 + i * 0.25, 4 if i < 24 else 2, 2) for i in range(30)]
     c = by_name(client_abort_checks(ss, 2.0, fault_t=99.0)[0])["client_abort.drain_s"]
-    assert not c.passed and c.observed == 6.0 and "up to 2 orphaned, drained" in c.detail and "fault +1.000 s" in c.detail
+    assert c.passed is False and c.observed == 6.0 and "up to 2 orphaned, drained" in c.detail and "fault +1.000 s" in c.detail
 
 
 def test_never_drained_and_never_measured_fail():
     ss = [sample(100 + i, 3, 1) for i in range(5)]
     (d,) = drains(ss)
     assert not d["drained"] and d["duration_s"] == 4
-    assert not by_name(client_abort_checks(ss, 2.0)[0])["client_abort.drain_s"].passed
+    assert_failed(by_name(client_abort_checks(ss, 2.0)[0])["client_abort.drain_s"])
     blind = [sample(100 + i, None, 1) for i in range(5)]
     c = by_name(client_abort_checks(blind, 2.0)[0])["client_abort.drain_s"]
-    assert not c.passed and c.observed is None and "never measured" in c.detail
+    assert c.passed is False and c.observed is None and "never measured" in c.detail
 
 
 def test_a_server_that_exits_after_the_aborts_fails_and_nothing_aborted_fails():
@@ -50,9 +51,9 @@ def test_a_server_that_exits_after_the_aborts_fails_and_nothing_aborted_fails():
     crash = {"t": 101.5, "event": "server_exited", "server": "spec", "expected": False}
     earlier = {"t": 99.0, "event": "server_exited", "server": "spec", "expected": False}
     c = by_name(client_abort_checks(ss + [crash, earlier], 2.0)[0])
-    assert not c["client_abort.server_exits"].passed and c["client_abort.server_exits"].observed == 1
+    assert c["client_abort.server_exits"].passed is False and c["client_abort.server_exits"].observed == 1
     none = by_name(client_abort_checks([sample(100, 1, 1, aborted=0)], 2.0)[0])
-    assert not none["client_abort.streams_aborted"].passed
+    assert_failed(none["client_abort.streams_aborted"])
 
 
 def test_samples_after_the_load_stopped_are_not_judged():
@@ -77,4 +78,4 @@ def test_a_slow_metrics_read_is_not_a_drain_but_a_stuck_request_still_fails():
     (d,) = drains(stuck)
     assert d["duration_s"] == 5.034 and d["bound_s"] == 9.1
     c = by_name(client_abort_checks(stuck, 2.0)[0])["client_abort.drain_s"]
-    assert not c.passed and c.observed == 5.034
+    assert c.passed is False and c.observed == 5.034

@@ -2,6 +2,7 @@ import pytest
 
 from harness.checks.config import FailFastConfig
 from harness.checks.fail_fast import fail_fast_checks, in_flight
+from tests.asserts import assert_failed
 from tests.factories import cut, fail, make_record
 
 FAULT = 1000.0
@@ -32,14 +33,14 @@ def test_in_flight_requests_failing_fast_pass():
 def test_hung_in_flight_request_fails():
     recs = [fail(send_time=999.0, after_s=None), make_record(send_time=999.8, ttft=0.5)]
     c = by_name(fail_fast_checks(recs, FAULT, FF))
-    assert not c["fail_fast.hung"].passed and c["fail_fast.hung"].observed == 1
-    assert not c["fail_fast.error_latency_s"].passed
+    assert c["fail_fast.hung"].passed is False and c["fail_fast.hung"].observed == 1
+    assert_failed(c["fail_fast.error_latency_s"])
 
 
 def test_in_flight_error_too_late_fails():
     recs = [fail(send_time=999.0, after_s=31.0, status=None, error="timeout"), fail(send_time=999.5, after_s=0.6)]
     c = by_name(fail_fast_checks(recs, FAULT, FF))["fail_fast.error_latency_s"]
-    assert not c.passed
+    assert_failed(c)
     assert c.observed == pytest.approx(30.0)  # the worst one
     assert "timeout" in c.detail
 
@@ -118,7 +119,7 @@ def test_with_several_faults_fail_fast_is_judged_at_the_kill():
     run = recorded_run([make_record(send_time=999.9, ttft=0.05), hung_at_kill], [], events, SpecchaosConfig())
     assert fail_fast.judged_at(run) == KILL
     c = by_name(fail_fast.check(run))
-    assert not c["fail_fast.hung"].passed and c["fail_fast.hung"].observed == 1
+    assert c["fail_fast.hung"].passed is False and c["fail_fast.hung"].observed == 1
     assert fail_fast.section(run)["judged_at"] == KILL and fail_fast.section(run)["in_flight"] == 1
     only_hog = recorded_run([make_record(send_time=999.9, ttft=0.05)], [], events[:1], SpecchaosConfig())
     assert fail_fast.judged_at(only_hog) == FAULT

@@ -13,6 +13,7 @@ from harness.checks import gpu as gpu_checks
 from harness.checks import server_memory
 from harness.checks.base import RecordedRun
 from harness.experiment.config import SpecchaosConfig
+from tests.asserts import assert_failed
 
 #: Ten minutes of samples every 5 s; phases of 150 s each.
 T0, STEP_S, N = 1_800_000_000.0, 5.0, 120
@@ -80,7 +81,7 @@ def test_a_ramp_of_6_c_per_minute_fails_the_slope(tmp_path):
     # a falling ramp (cooling fast after a load stops) is as unstable
     res = checks(run_of(tmp_path, series(lambda k, s: s.update(temperature_c=90 - int(k * STEP_S / 10)))))
     assert res["gpu.gpu0.temperature_slope_c_per_min"].observed == pytest.approx(-6, abs=0.3)
-    assert not res["gpu.gpu0.temperature_slope_c_per_min"].passed
+    assert_failed(res["gpu.gpu0.temperature_slope_c_per_min"])
 
 
 def test_too_hot_fails_the_max_temperature(tmp_path):

@@ -5,6 +5,7 @@ from harness.checks.config import HangConfig
 from harness.checks.hang import Stall, hang_checks, observation_end, stall_summary, stalls
 from harness.checks.run import recorded_run
 from harness.experiment.config import SpecchaosConfig
+from tests.asserts import assert_failed
 from tests.factories import ev, fail, make_record, phase_events
 
 from .stalls import users
@@ -29,7 +30,7 @@ def test_healthy_load_is_quiet():
 
 def test_a_freeze_is_a_hang_detected_at_its_start_plus_the_limit():
     c, s = judged(users(970, 1030, freeze=(FAULT, 1010.0)))
-    assert not c.passed
+    assert_failed(c)
     assert c.observed == pytest.approx(10.0, abs=0.1) and c.limit == 5.0
     start = s["stall_start"]
     assert FAULT - GAP <= start <= FAULT                    # the last chunk before the freeze
@@ -44,7 +45,7 @@ def test_a_freeze_is_a_hang_detected_at_its_start_plus_the_limit():
 def test_the_limit_is_inclusive():
     recs = [make_record(send_time=1000.0, ttft=0.1, gaps=[5.0, 0.05])]
     assert judged(recs, hc=HangConfig(max_stall_s=5.0))[0].passed
-    assert not judged(recs, hc=HangConfig(max_stall_s=4.99))[0].passed
+    assert_failed(judged(recs, hc=HangConfig(max_stall_s=4.99))[0])
 
 
 def test_a_killed_server_whose_requests_fail_fast_is_not_a_hang():
@@ -58,7 +59,7 @@ def test_requests_waiting_on_a_server_that_accepts_but_never_answers_are_a_hang(
     waiting = [fail(send_time=1001.0 + 0.1 * i, after_s=19.0 - 0.1 * i, status=200, error="timeout")
                for i in range(4)]
     c, _ = judged(users(970, FAULT) + waiting + users(1020.5, 1030))
-    assert not c.passed and c.observed == pytest.approx(19.0, abs=0.01)
+    assert c.passed is False and c.observed == pytest.approx(19.0, abs=0.01)
 
 
 def test_requests_that_never_end_stall_until_the_load_stopped():
@@ -67,7 +68,7 @@ def test_requests_that_never_end_stall_until_the_load_stopped():
     until = observation_end(recs, events)
     assert until == 1030.0
     c, s = judged(recs, until=until)
-    assert not c.passed and c.observed == pytest.approx(29.5) and s["longest_stall_ended_by"] == "end"
+    assert c.passed is False and c.observed == pytest.approx(29.5) and s["longest_stall_ended_by"] == "end"
 
 
 def test_stall_boundaries():
@@ -93,5 +94,5 @@ def test_check_and_section_through_a_recorded_run():
     run = recorded_run(users(965, 1030, freeze=(FAULT, 1010.0)), [], events, SpecchaosConfig())
     (c,) = hang.check(run)
     sec = hang.section(run)
-    assert not c.passed and sec["max_stall_s"] == 5.0 and sec["measured_from"] == FAULT
+    assert c.passed is False and sec["max_stall_s"] == 5.0 and sec["measured_from"] == FAULT
     assert sec["detected_after_fault_s"] == pytest.approx(5.0, abs=GAP)

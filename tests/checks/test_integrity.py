@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from harness.checks.integrity import divergence_index, first_divergence, integrity_checks, planned_stop_windows
 from harness.load.records import is_complete
+from tests.asserts import assert_failed
 from tests.factories import cut, fail, make_record
 
 
@@ -141,10 +142,10 @@ def test_responses_of_a_routed_plain_fallback_are_compared_but_cover_nothing():
     checks, s = integrity_checks(spec + plain, refs, min_compared=3, fallback=("ref",))
     c = by_name(checks)
     assert s["compared"] == 6 and s["compared_by_server"] == {"spec": 2, "ref": 4}
-    assert not c["integrity.compared"].passed and c["integrity.compared"].observed == 2
+    assert c["integrity.compared"].passed is False and c["integrity.compared"].observed == 2
     assert "2 served by the speculative server" in c["integrity.compared"].detail and "4 served by the plain" in \
         c["integrity.compared"].detail
-    assert not c["integrity.mismatched"].passed and c["integrity.mismatched"].observed == 1   # still judged
+    assert c["integrity.mismatched"].passed is False and c["integrity.mismatched"].observed == 1   # still judged
     checks, s = integrity_checks(spec + plain[:3], refs, min_compared=2, fallback=("ref",))
     assert all(x.passed for x in checks)
 
@@ -154,7 +155,7 @@ def test_changed_token_fails_mismatched():
     bad = make_record(prompt_id=0, token_ids=[0, 1, 99, 3])
     checks, s = integrity_checks([make_record(prompt_id=0), bad], refs, min_compared=1)
     c = by_name(checks)["integrity.mismatched"]
-    assert not c.passed and c.observed == 1 and c.limit == 0
+    assert c.passed is False and c.observed == 1 and c.limit == 0
     assert "token 2: got 99, expected 2" in c.detail
     assert bad.request_id in s["first_divergence"]
 
@@ -173,7 +174,7 @@ def test_cut_stream_labelled_ok_fails_false_success():
     recs = [make_record(prompt_id=0), cut(make_record(prompt_id=0), 2, labelled_ok=True)]
     checks, s = integrity_checks(recs, refs, min_compared=1)
     c = by_name(checks)["integrity.false_success"]
-    assert not c.passed and c.observed == 1
+    assert c.passed is False and c.observed == 1
     assert s["false_success"] == 1
     assert s["compared"] == 1  # the cut one is never compared as a success
     assert by_name(checks)["integrity.mismatched"].passed
@@ -184,7 +185,7 @@ def test_chunk_total_not_usage_fails_malformed():
     bad = dataclasses.replace(make_record(prompt_id=0), output_tokens=5, max_tokens=8)
     checks, s = integrity_checks([make_record(prompt_id=0), bad], refs, min_compared=1)
     c = by_name(checks)["integrity.malformed"]
-    assert not c.passed and c.observed == 1
+    assert c.passed is False and c.observed == 1
     assert "chunks carried 4 tokens, usage says 5" in c.detail
     assert s["examples"]["malformed"][0]["request_id"] == bad.request_id
 
@@ -202,14 +203,14 @@ def test_other_malformed_finished_responses(change):
     bad = dataclasses.replace(make_record(prompt_id=0), **change)
     checks, s = integrity_checks([bad], {0: ref_for(0)}, min_compared=0)
     assert s["malformed"] == 1
-    assert not by_name(checks)["integrity.malformed"].passed
+    assert_failed(by_name(checks)["integrity.malformed"])
 
 
 def test_done_without_finish_reason_labelled_bad_payload_by_the_client_is_malformed():
     # what harness.load.client records for "[DONE] but no finish_reason"
     bad = dataclasses.replace(make_record(), finish_reason=None, error="bad_payload", ok=False)
     checks, s = integrity_checks([bad], {0: ref_for(0)}, min_compared=0)
-    assert s["malformed"] == 1 and not by_name(checks)["integrity.malformed"].passed
+    assert s["malformed"] == 1 and by_name(checks)["integrity.malformed"].passed is False
     # an error the server itself reported in the stream is an honest error
     honest = dataclasses.replace(make_record(), error="stream_error", ok=False)
     _, s = integrity_checks([honest], {0: ref_for(0)}, min_compared=0)
@@ -241,10 +242,10 @@ def test_a_response_cut_by_a_planned_restart_is_counted_apart_and_any_other_stil
     assert all(c.passed for c in checks) and "1 cut while the harness stopped" in by_name(checks)["integrity.malformed"].detail
     for bad in (done_without_finish(99.0), done_without_finish(101.5), done_without_finish(100.5, server="ref")):
         checks, s = integrity_checks([bad], {0: ref_for(0)}, min_compared=0, planned_stops=windows)
-        assert s["malformed"] == 1 and s["cut_by_planned_stop"] == 0 and not by_name(checks)["integrity.malformed"].passed
+        assert s["malformed"] == 1 and s["cut_by_planned_stop"] == 0 and by_name(checks)["integrity.malformed"].passed is False
     lying = cut(dataclasses.replace(make_record(), send_time=100.2), 2, labelled_ok=True)
     checks, s = integrity_checks([lying], {0: ref_for(0)}, min_compared=0, planned_stops=windows)
-    assert s["false_success"] == 1 and not by_name(checks)["integrity.false_success"].passed
+    assert s["false_success"] == 1 and by_name(checks)["integrity.false_success"].passed is False
 
 
 def test_honest_errors_are_neither_malformed_nor_false_success():
@@ -257,20 +258,20 @@ def test_honest_errors_are_neither_malformed_nor_false_success():
 def test_nothing_compared_fails_coverage_even_with_zero_minimum():
     checks, s = integrity_checks([make_record(prompt_id=7)], {0: ref_for(0)}, min_compared=0)
     c = by_name(checks)["integrity.compared"]
-    assert not c.passed and c.observed == 0
+    assert c.passed is False and c.observed == 0
     assert c.category == "coverage"
 
 
 def test_too_few_compared_fails_coverage():
     checks, _ = integrity_checks([make_record()], {0: ref_for(0)}, min_compared=5)
     c = by_name(checks)["integrity.compared"]
-    assert not c.passed and c.observed == 1 and c.limit == 5
+    assert c.passed is False and c.observed == 1 and c.limit == 5
 
 
 def test_incomplete_reference_is_not_compared():
     checks, s = integrity_checks([make_record()], {0: cut(ref_for(0), 2)}, min_compared=1)
     assert s["compared"] == 0
-    assert not by_name(checks)["integrity.compared"].passed
+    assert_failed(by_name(checks)["integrity.compared"])
 
 
 def test_different_max_tokens_compares_prefix():
@@ -317,7 +318,7 @@ def test_a_difference_that_is_no_near_tie_is_still_a_mismatch(top_at_2, margin, 
     checks, s = integrity_checks([make_record(prompt_id=0, token_ids=FLIPPED)], refs, min_compared=1,
                                  tie_margin=margin)
     c = by_name(checks)["integrity.mismatched"]
-    assert not c.passed and c.observed == 1 and s["near_ties"] == 0, why
+    assert c.passed is False and c.observed == 1 and s["near_ties"] == 0, why
     assert "token 2: got 99, expected 2" in c.detail
 
 
@@ -325,10 +326,10 @@ def test_a_length_difference_is_never_a_near_tie():
     refs = {0: tied_ref([[2, -0.5], [99, -0.5]])}
     short = make_record(prompt_id=0, token_ids=[0, 1, 2], chunk_tokens=[1, 1, 1], max_tokens=4, finish_reason="stop")
     checks, s = integrity_checks([short], refs, min_compared=1, tie_margin=1.0)
-    assert not by_name(checks)["integrity.mismatched"].passed and s["near_ties"] == 0
+    assert by_name(checks)["integrity.mismatched"].passed is False and s["near_ties"] == 0
 
 
 def test_without_reference_logprobs_a_difference_is_a_mismatch():
     checks, s = integrity_checks([make_record(prompt_id=0, token_ids=FLIPPED)], {0: ref_for(0)}, min_compared=1,
                                  tie_margin=1.0)
-    assert not by_name(checks)["integrity.mismatched"].passed and s["near_ties"] == 0
+    assert by_name(checks)["integrity.mismatched"].passed is False and s["near_ties"] == 0

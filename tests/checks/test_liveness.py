@@ -35,7 +35,7 @@ def test_healthy_run_is_quiet():
 
 def test_health_200_through_a_freeze_is_a_lie():
     c, lie = judged(users(970, 1030, freeze=(FAULT, 1010.0)), run_events(health(970.1, 1030)))
-    assert not c.passed and c.limit == 5.0
+    assert c.passed is False and c.limit == 5.0
     assert FAULT - 0.05 <= lie["start"] <= FAULT
     assert lie["last_200_at"] == pytest.approx(1009.85)       # the last sample before the tokens came back
     assert c.observed == pytest.approx(lie["last_200_at"] - lie["start"])
@@ -54,7 +54,7 @@ def test_admitted_trouble_restarts_the_lie():
     status = lambda t: 503 if 1001.0 <= t < 1001.2 else 200  # noqa: E731
     c, lie = judged(users(970, 1030, freeze=(FAULT, 1010.0)), run_events(health(970.1, 1030, status=status)))
     assert lie["start"] == pytest.approx(1001.1)            # the last 503
-    assert not c.passed and c.observed == pytest.approx(1009.85 - 1001.1)
+    assert c.passed is False and c.observed == pytest.approx(1009.85 - 1001.1)
     c, _ = judged(users(970, 1030, freeze=(FAULT, 1010.0)), run_events(health(970.1, 1030, status=status)),
                   lc=LivenessConfig(max_health_lie_s=9.0))
     assert c.passed
@@ -81,5 +81,5 @@ def test_check_and_section_through_a_recorded_run():
     run = recorded_run(users(965, 1030, freeze=(FAULT, 1010.0)), [], events, SpecchaosConfig())
     (c,) = liveness.check(run)
     sec = liveness.section(run)
-    assert not c.passed and sec["max_health_lie_s"] == 5.0 and sec["server"] == "spec"
+    assert c.passed is False and sec["max_health_lie_s"] == 5.0 and sec["server"] == "spec"
     assert sec["start_after_fault_s"] == pytest.approx(0.0, abs=0.05) and sec["measured_from"] == FAULT

@@ -14,6 +14,7 @@ from harness.checks.run import recorded_run
 from harness.experiment.config import SpecchaosConfig
 from harness.metrics.mirror import ALL, compare, mirror_groups
 from harness.report.summary import render_summary
+from tests.asserts import assert_failed
 from tests.factories import make_record
 
 EVENTS = [{"t": 1000.0, "source": "runner", "event": "phase_start", "phase": "baseline"},
@@ -92,7 +93,7 @@ def test_speculative_tpot_one_and_a_half_times_plain_fails():
     run = recorded_run(workload({("short", "greedy"): 0.004, ("long", "t07p09"): 0.015}), [], EVENTS, cfg())
     checks = by_name(mirror.check(run))
     bad = checks["mirror.baseline.t07p09.tpot_ratio"]
-    assert not bad.passed and bad.observed == pytest.approx(1.5) and bad.limit == 1.2
+    assert bad.passed is False and bad.observed == pytest.approx(1.5) and bad.limit == 1.2
     assert "speculative TPOT p50 15.0 ms ÷ plain 10.0 ms" in bad.detail
     assert checks["mirror.baseline.greedy.tpot_ratio"].passed
 
@@ -103,7 +104,7 @@ def test_limit_statistic_and_phases_are_configurable():
         "mirror.after.greedy.tpot_ratio"].passed
     only_after = by_name(mirror.check(recorded_run(recs, [], EVENTS, cfg(phases=["after"], statistic="p95"))))
     assert "mirror.baseline.greedy.tpot_ratio" not in only_after
-    assert not only_after["mirror.after.greedy.tpot_ratio"].passed
+    assert_failed(only_after["mirror.after.greedy.tpot_ratio"])
 
 
 def test_speedup_floor_per_bucket_when_set():
@@ -112,16 +113,16 @@ def test_speedup_floor_per_bucket_when_set():
     checks = by_name(mirror.check(recorded_run(recs, [], EVENTS, cfg(min_speedup=1.5))))
     assert checks["mirror.baseline.short.greedy.speedup"].passed
     long_ = checks["mirror.baseline.long.greedy.speedup"]
-    assert not long_.passed and long_.observed == pytest.approx(10 / 9)
+    assert long_.passed is False and long_.observed == pytest.approx(10 / 9)
 
 
 def test_nothing_to_compare_fails_never_passes():
     spec_only = [r for r in workload({("short", "greedy"): 0.004}) if r.server == "spec"]
     checks = mirror.check(recorded_run(spec_only, [], EVENTS, cfg()))
-    assert [c.name for c in checks] == ["mirror.compared"] and not checks[0].passed
+    assert [c.name for c in checks] == ["mirror.compared"] and checks[0].passed is False
     few = workload({("short", "greedy"): 0.004}, n=2)
     checks = by_name(mirror.check(recorded_run(few, [], EVENTS, cfg())))
-    assert not checks["mirror.compared"].passed and "too few requests: baseline/all/greedy (2 vs 2" in \
+    assert checks["mirror.compared"].passed is False and "too few requests: baseline/all/greedy (2 vs 2" in \
         checks["mirror.compared"].detail
 
 
@@ -157,7 +158,7 @@ def test_sampled_requests_are_not_comparable_never_mismatches():
     # a greedy record with the same wrong ids is a mismatch
     wrong = dataclasses.replace(sampled[0], sampling="greedy")
     run = recorded_run(greedy + [wrong], reference, EVENTS, cfg())
-    assert not by_name(integrity.check(run))["integrity.mismatched"].passed
+    assert_failed(by_name(integrity.check(run))["integrity.mismatched"])
 
 
 def test_summary_shows_the_mirror_table():

@@ -31,7 +31,7 @@ def test_trees_that_followed_their_api_process_pass():
 
 def test_an_orphan_fails_with_what_was_left():
     (c,) = judged([EXIT, ORPHAN, STOP])
-    assert not c.passed and c.observed == 2
+    assert c.passed is False and c.observed == 2
     assert "VLLM::EngineCore pid 11 (1024 MiB)" in c.detail and "VLLM::Worker pid 12" in c.detail
     sec = orphans.findings([EXIT, ORPHAN, STOP])
     assert sec["server_exits"] == 2 and [o["pid"] for o in sec["orphans"]] == [11, 12]

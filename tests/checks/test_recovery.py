@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 
 from harness.checks.recovery import first_slo_window_end, recovery_checks, recovery_times, resolution, time_to_healthy
 from harness.checks.config import RecoveryConfig
+from tests.asserts import assert_failed
 from tests.factories import ev, fail, make_record
 
 FAULT = 1000.0
@@ -135,16 +136,16 @@ def test_server_that_never_comes_back_fails_every_recovery_check():
     t = recovery_times(recs, evs, FAULT, BASE, RC)
     assert t == {"time_to_healthy_s": None, "time_to_first_success_s": None, "time_to_slo_s": None}
     checks = recovery_checks(t, RC)
-    assert not any(c.passed for c in checks)
+    assert all(c.passed is False for c in checks)
     assert all(c.observed is None and "never recovered" in c.detail for c in checks)
 
 
 def test_recovery_too_slow_fails_against_limits():
     checks = by_name(recovery_checks({"time_to_healthy_s": 31.0, "time_to_first_success_s": 1.0,
                                       "time_to_slo_s": 61.0}, RC))
-    assert not checks["recovery.time_to_healthy_s"].passed
+    assert_failed(checks["recovery.time_to_healthy_s"])
     assert checks["recovery.time_to_first_success_s"].passed
-    assert not checks["recovery.time_to_slo_s"].passed
+    assert_failed(checks["recovery.time_to_slo_s"])
     assert checks["recovery.time_to_slo_s"].limit == 60
 
 

@@ -12,6 +12,7 @@ from harness.checks import server_memory
 from harness.checks.base import RecordedRun
 from harness.experiment.config import SpecchaosConfig
 from harness.timeline import fault_summary
+from tests.asserts import assert_failed
 
 GIB = 1 << 30
 
@@ -55,7 +56,7 @@ def test_a_swinging_rss_fails(tmp_path):
     write(tmp_path, rss)
     res = by_name(server_memory.check(run_of(tmp_path)))
     r = res["server_memory.spec.fault.rss_swing"]
-    assert not r.passed and round(r.observed, 3) == 0.333 and r.limit == 0.15
+    assert r.passed is False and round(r.observed, 3) == 0.333 and r.limit == 0.15
     assert "3072 → 4096 MiB" in r.detail
     assert res["server_memory.spec.baseline.rss_swing"].passed and res["server_memory.spec.after.rss_swing"].passed
     assert by_name(server_memory.check(run_of(tmp_path, max_rss_swing=0.5)))["server_memory.spec.fault.rss_swing"].passed
@@ -75,7 +76,7 @@ def test_a_killed_and_restarted_server_is_no_swing(tmp_path):
 def test_settle_s_skips_a_process_s_first_seconds(tmp_path):
     rss = [2 * GIB + i * 0.05 * GIB for i in range(8)] + [2.4 * GIB] * 52   # grows 20% in its first 4 s
     write(tmp_path, rss)
-    assert not by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"].passed
+    assert_failed(by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"])
     assert by_name(server_memory.check(run_of(tmp_path, settle_s=4.0)))["server_memory.spec.baseline.rss_swing"].passed
 
 
@@ -93,7 +94,7 @@ def test_gpu_memory_swing_is_judged_from_gpu_jsonl(tmp_path):
         json.dumps({"t": i * 0.5, "index": 0, "name": "H200", "memory_used_bytes": m}) + "\n" for i, m in enumerate(mem)))
     ev = {"t": 0, "source": "gpu", "event": "gpu_telemetry", "available": True, "gpus": 1}
     res = by_name(server_memory.check(run_of(tmp_path, [ev], max_gpu_memory_swing=0.15)))
-    assert not res["server_memory.gpu0.fault.memory_swing"].passed
+    assert_failed(res["server_memory.gpu0.fault.memory_swing"])
     assert res["server_memory.gpu0.baseline.memory_swing"].passed
     assert server_memory.section(run_of(tmp_path, [ev]))["gpu_note"] is None
 
@@ -128,7 +129,7 @@ def test_a_worker_killed_while_the_api_still_answers_is_no_swing(tmp_path):
     for ln in lines:                       # the same series without the tree's membership: a swing
         ln.pop("tree_pids", None)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    assert not by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"].passed
+    assert_failed(by_name(server_memory.check(run_of(tmp_path)))["server_memory.spec.baseline.rss_swing"])
 
 
 MIB = 1 << 20

@@ -5,6 +5,7 @@ import pytest
 from harness.checks.slo import declared_added_latency, slo_checks
 from harness.checks.config import DegradationConfig, SloConfig
 from harness.metrics.phases import PHASES
+from tests.asserts import assert_failed
 
 
 def pct(p95):
@@ -52,7 +53,7 @@ def test_breached_latency_slo_fails(ph, metric, value):
     phases = healthy()
     phases[ph] = phase(**{metric: value})
     c = by_name(slo_checks(phases, SLO, DEG))[f"slo.{ph}.{metric}_p95_s"]
-    assert not c.passed
+    assert_failed(c)
     assert c.observed == pytest.approx(value)
     assert c.limit == getattr(SLO, f"{metric}_p95_s")
 
@@ -62,8 +63,8 @@ def test_error_rate_breaches():
     phases["baseline"] = phase(errors=1)
     phases["fault"] = phase(errors=7)
     c = by_name(slo_checks(phases, SLO, DEG))
-    assert not c["slo.baseline.error_rate"].passed and c["slo.baseline.error_rate"].observed == pytest.approx(0.1)
-    assert not c["degradation.fault.error_rate"].passed and c["degradation.fault.error_rate"].limit == 0.6
+    assert c["slo.baseline.error_rate"].passed is False and c["slo.baseline.error_rate"].observed == pytest.approx(0.1)
+    assert c["degradation.fault.error_rate"].passed is False and c["degradation.fault.error_rate"].limit == 0.6
 
 
 def test_after_much_slower_than_baseline_fails_ratio():
@@ -72,25 +73,25 @@ def test_after_much_slower_than_baseline_fails_ratio():
     c = by_name(slo_checks(phases, SLO, DEG))
     assert c["slo.after.e2e_p95_s"].passed
     r = c["degradation.after_vs_baseline.e2e_p95_ratio"]
-    assert not r.passed and r.observed == pytest.approx(1.9)
+    assert r.passed is False and r.observed == pytest.approx(1.9)
 
 
 def test_phase_with_no_requests_fails_coverage_and_slo():
     phases = healthy()
     phases["after"] = phase(requests=0, ttft=None, tpot=None, itl=None, e2e=None)
     c = by_name(slo_checks(phases, SLO, DEG))
-    assert not c["coverage.after.requests"].passed and c["coverage.after.requests"].observed == 0
+    assert c["coverage.after.requests"].passed is False and c["coverage.after.requests"].observed == 0
     for m in ("ttft", "tpot", "itl", "e2e"):
-        assert not c[f"slo.after.{m}_p95_s"].passed and c[f"slo.after.{m}_p95_s"].observed is None
-    assert not c["slo.after.error_rate"].passed
-    assert not c["degradation.after_vs_baseline.e2e_p95_ratio"].passed
+        assert c[f"slo.after.{m}_p95_s"].passed is False and c[f"slo.after.{m}_p95_s"].observed is None
+    assert_failed(c["slo.after.error_rate"])
+    assert_failed(c["degradation.after_vs_baseline.e2e_p95_ratio"])
 
 
 def test_too_few_requests_fails_coverage():
     phases = healthy()
     phases["recovery"] = phase(requests=2)
     c = by_name(slo_checks(phases, SLO, DEG))["coverage.recovery.requests"]
-    assert not c.passed and c.observed == 2 and c.limit == 3
+    assert c.passed is False and c.observed == 2 and c.limit == 3
 
 
 @pytest.mark.parametrize("missing", PHASES)
@@ -99,14 +100,14 @@ def test_missing_phase_fails_never_passes_vacuously(missing):
     del phases[missing]
     checks = slo_checks(phases, SLO, DEG)
     c = by_name(checks)
-    assert not c[f"coverage.{missing}.requests"].passed
+    assert_failed(c[f"coverage.{missing}.requests"])
     assert c[f"coverage.{missing}.requests"].observed is None
     assert "never ran" in c[f"coverage.{missing}.requests"].detail
     if missing in ("baseline", "after"):
-        assert not c[f"slo.{missing}.ttft_p95_s"].passed
-        assert not c["degradation.after_vs_baseline.ttft_p95_ratio"].passed
+        assert_failed(c[f"slo.{missing}.ttft_p95_s"])
+        assert_failed(c["degradation.after_vs_baseline.ttft_p95_ratio"])
     if missing == "fault":
-        assert not c["degradation.fault.error_rate"].passed
+        assert_failed(c["degradation.fault.error_rate"])
 
 
 def test_fault_error_rate_is_not_judged_without_a_limit():
@@ -116,7 +117,7 @@ def test_fault_error_rate_is_not_judged_without_a_limit():
 
 def test_no_phases_at_all_everything_fails():
     checks = slo_checks({}, SLO, DEG)
-    assert checks and not any(c.passed for c in checks)
+    assert checks and all(c.passed is False for c in checks)
 
 
 def test_zero_baseline_ratio():
@@ -127,7 +128,7 @@ def test_zero_baseline_ratio():
     assert c.passed and c.observed == 1.0
     phases["after"] = phase(tpot=0.01)
     c = by_name(slo_checks(copy.deepcopy(phases), SLO, DEG))["degradation.after_vs_baseline.tpot_p95_ratio"]
-    assert not c.passed and c.observed is None
+    assert c.passed is False and c.observed is None
 
 
 def test_fault_phase_degradation_is_judged_only_when_its_limit_is_set():
@@ -141,10 +142,10 @@ def test_fault_phase_degradation_is_judged_only_when_its_limit_is_set():
     assert c["degradation.fault_vs_baseline.ttft_p95_ratio"].observed == pytest.approx(1.5)
     phases["fault"] = phase(ttft=0.9)                              # a known defect: 4.5x TTFT
     bad = by_name(slo_checks(phases, SLO, bounded))["degradation.fault_vs_baseline.ttft_p95_ratio"]
-    assert not bad.passed and bad.observed == pytest.approx(4.5) and "fault/baseline p95 TTFT" in bad.detail
+    assert bad.passed is False and bad.observed == pytest.approx(4.5) and "fault/baseline p95 TTFT" in bad.detail
     del phases["fault"]
     gone = by_name(slo_checks(phases, SLO, bounded))["degradation.fault_vs_baseline.e2e_p95_ratio"]
-    assert not gone.passed and "no data in fault" in gone.detail
+    assert gone.passed is False and "no data in fault" in gone.detail
 
 
 def with_complete(m, k):

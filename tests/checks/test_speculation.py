@@ -10,6 +10,7 @@ from harness.checks import speculation
 from harness.checks.base import RecordedRun
 from harness.experiment.config import SpecchaosConfig
 from harness.metrics.speculation import ACCEPTED, DRAFT_TOKENS, DRAFTS
+from tests.asserts import assert_failed
 
 K = 4
 
@@ -70,7 +71,7 @@ def test_healthy_steady_acceptance_passes_both_canaries(tmp_path):
 def test_a_collapse_fails(tmp_path):
     write_series(tmp_path, [0.85] * 30 + [0.3] * 30)          # 0.85 → 0.3 at t = 15 s
     r = by_name(speculation.check(run_of(tmp_path, 30.0)))["speculation.spec.collapse"]
-    assert not r.passed and r.observed == 0.55 and r.limit == 0.3
+    assert r.passed is False and r.observed == 0.55 and r.limit == 0.3
     assert "0.850 → 0.300" in r.detail
 
 
@@ -78,14 +79,14 @@ def test_a_fall_within_the_limit_passes_and_the_limit_is_configurable(tmp_path):
     write_series(tmp_path, [0.85] * 30 + [0.65] * 30)
     assert by_name(speculation.check(run_of(tmp_path, 30.0)))["speculation.spec.collapse"].passed
     strict = by_name(speculation.check(run_of(tmp_path, 30.0, collapse_max_drop=0.1)))
-    assert not strict["speculation.spec.collapse"].passed
+    assert_failed(strict["speculation.spec.collapse"])
 
 
 def test_a_saturation_fails(tmp_path):
     write_series(tmp_path, [0.5] * 30 + [1.0] * 30)
     res = by_name(speculation.check(run_of(tmp_path, 30.0)))
     r = res["speculation.spec.saturation"]
-    assert not r.passed and r.observed == 0.5 and "0.500 → 1.000" in r.detail
+    assert r.passed is False and r.observed == 0.5 and "0.500 → 1.000" in r.detail
     assert res["speculation.spec.collapse"].passed
 
 
@@ -106,7 +107,7 @@ def test_a_restart_to_a_worse_draft_is_not_a_collapse(tmp_path):
 
 def test_the_same_fall_without_a_restart_fails(tmp_path):
     write_series(tmp_path, [0.9] * 30 + [0.2] * 30, gaps=range(26, 30))
-    assert not by_name(speculation.check(run_of(tmp_path, 30.0)))["speculation.spec.collapse"].passed
+    assert_failed(by_name(speculation.check(run_of(tmp_path, 30.0)))["speculation.spec.collapse"])
 
 
 def test_server_without_speculation_is_not_judged(tmp_path):

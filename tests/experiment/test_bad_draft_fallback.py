@@ -139,7 +139,7 @@ def test_a_breaker_that_never_trips_fails_the_run(tmp_path, monkeypatch):
     checks = {c["name"]: c for c in rep["checks"]}
     assert code == 1 and rep["verdict"] == "fail"
     assert rep["breaker"]["hard_trip"] is None and rep["breaker"]["first_breach"] is not None
-    assert not checks["breaker.tripped"]["passed"] and not checks["breaker.fallback_s"]["passed"]
+    assert checks["breaker.tripped"]["passed"] is False and checks["breaker.fallback_s"]["passed"] is False
 
 
 @pytest.mark.timeout(240)

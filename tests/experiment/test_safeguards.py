@@ -22,6 +22,7 @@ from harness.checks.config import SafeguardConfig
 from harness.experiment.safeguards import SETTLE_S, SafeguardMonitor
 from harness.load.records import append_record
 from harness.timeline import Timeline
+from tests.asserts import assert_failed
 from tests.experiment.fast_e2e import run_fast
 from tests.experiment.files import ci_form, experiment_doc, run_pooled, write
 from tests.experiment.test_bad_input import assert_one_line_error, cli, doc
@@ -126,7 +127,7 @@ def test_a_kill_that_forbids_errors_is_aborted(tmp_path):
     assert 0 <= ab["detection_latency_s"] <= 1.0, ab
     assert ab["breach_to_abort_s"] <= 2 + 1.0 and ab["fault_to_abort_s"] is not None
     names = {c["name"]: c for c in rep["checks"]}
-    assert not names["safeguards.error_rate"]["passed"]
+    assert_failed(names["safeguards.error_rate"])
     # rollbacks ran; the after phase never started; the journal says the method was stopped
     journal = (out / "journal.json").read_text()
     assert '"clear-all-faults"' in journal and rep["journal_status"] == "interrupted"

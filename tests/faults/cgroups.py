@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -16,6 +17,8 @@ import pytest
 from faults import cgroup
 from faults.ledger import Ledger
 from harness.errors import FaultError
+
+T = TypeVar("T")
 
 BUSY = "import time\nwhile True:\n    pass\n"
 #: A parent that starts ``n`` busy children and then sleeps (a "server tree").
@@ -52,6 +55,12 @@ def cpu_rates(pids: list[int], seconds: float) -> list[float]:
     """CPUs used by each of these processes over one window of ``seconds`` (psutil
     user+system; 0.0 for one that is gone): compare a process with a control measured in
     the same window, which a busy host slows alike."""
+    return cpu_rates_during(pids, lambda: time.sleep(seconds))[0]
+
+
+def cpu_rates_during(pids: list[int], call: Callable[[], T]) -> tuple[list[float], T]:
+    """(CPUs used by each of these processes while ``call()`` ran, as :func:`cpu_rates`,
+    what ``call`` returned)."""
     procs = [psutil.Process(p) for p in pids]
 
     def used(p: psutil.Process) -> float:
@@ -62,9 +71,9 @@ def cpu_rates(pids: list[int], seconds: float) -> list[float]:
             return 0.0
 
     c0, t0 = [used(p) for p in procs], time.monotonic()
-    time.sleep(seconds)
+    result = call()
     dt = time.monotonic() - t0
-    return [(used(p) - c) / dt for p, c in zip(procs, c0)]
+    return [(used(p) - c) / dt for p, c in zip(procs, c0)], result
 
 
 def specchaos_cgroups(controller: str) -> list[Path]:

@@ -22,7 +22,7 @@ from faults import cgroup
 from faults.ledger import Ledger
 from harness.errors import FaultError
 
-from .cgroups import ALLOC, BUSY, TREE, cpu_rate, cpu_rates, needs_cgroup, not_writable_root, python, specchaos_cgroups
+from .cgroups import ALLOC, BUSY, TREE, cpu_rates, needs_cgroup, not_writable_root, python, specchaos_cgroups
 from .cgroups import TEST_ID_PREFIX, no_cgroup_left  # noqa: F401 - autouse fixture
 from .cgroups import writable as writable_cgroup
 from .conftest import wait_until
@@ -55,20 +55,23 @@ def test_hierarchies_are_detected():
 @needs_cgroup("cpu")
 def test_a_busy_loop_is_throttled_to_its_quota_and_revert_restores_it(started):
     p = started.popen(python(BUSY))
+    control = started.popen(python(BUSY))                   # an unthrottled busy loop: a busy host slows both alike
     pid, ct, cmd = recorded(p)
     h = cgroup.hierarchy("cpu")
     origin = cgroup.cgroup_of(pid, h)
-    time.sleep(0.5)                                         # past the interpreter's start
-    free = cpu_rate([pid], 1.0)                             # ~1 CPU, less when the 2 cores are shared
+    time.sleep(0.5)                                         # past the interpreters' start
     cg = cgroup.TreeCgroup("cpu", fid(), lift={"cpu.cfs_quota_us": "-1"})
     cg.create()
     back = cg.write({"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "10000"})
     assert back == {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "10000"}
     assert cg.move_in([(pid, ct, cmd)]) == [pid]
     assert cg.procs() == [pid] and cgroup.cgroup_of(pid, h) == cg.path
-    throttled = cpu_rate([pid], 2.0)
-    assert 0.05 < throttled < 0.13, (free, throttled)       # 0.1 CPU
-    assert free > 1.8 * throttled, (free, throttled)
+    throttled, free = cpu_rates([pid, control.pid], 2.0)
+    # the quota caps it at 0.1 CPU however idle the host (the kernel counts the throttling,
+    # below); the control in the same window gets more, and the throttled loop still runs (a
+    # share of what it may use: a busy host slows both alike)
+    assert throttled < 0.13 and free > throttled, (free, throttled)
+    assert throttled > 0.3 * min(0.1, free), (free, throttled)
     assert "nr_throttled 0" not in cg.read(["cpu.stat"])["cpu.stat"]
     facts = cg.facts()
     assert facts["moved"] == [{"pid": pid, "create_time": ct, "cmdline": cmd, "origin": str(origin)}]
@@ -76,12 +79,9 @@ def test_a_busy_loop_is_throttled_to_its_quota_and_revert_restores_it(started):
     res = cgroup.revert(facts)                              # from the facts alone
     assert res["moved_back"] == [pid] and res["removed"] and res["lifted"] == {"cpu.cfs_quota_us": "-1"}
     assert not cg.path.exists() and cgroup.cgroup_of(pid, h) == origin
-    # no longer held to 0.1 CPU: it gets what an unthrottled busy loop gets in the same window
-    # (a busy host slows both alike)
-    control = started.popen(python(BUSY))
-    time.sleep(0.5)
+    # no longer held to 0.1 CPU: it gets what the unthrottled control gets in the same window
     after, free_control = cpu_rates([pid, control.pid], 2.0)
-    assert after > 0.12 and after > 0.6 * free_control, (throttled, after, free_control)
+    assert after > 0.6 * free_control, (throttled, after, free_control)
     assert cgroup.revert(facts)["removed"]                  # idempotent
 
 

@@ -20,7 +20,7 @@ from harness import gpu
 from harness.errors import FaultError
 from harness.timeline import read_timeline
 
-from .cgroups import BUSY, TREE, PlainServer, cpu_rates, needs_cgroup, not_writable_root, python, specchaos_cgroups
+from .cgroups import BUSY, TREE, PlainServer, cpu_rates, cpu_rates_during, needs_cgroup, not_writable_root, python, specchaos_cgroups
 from .cgroups import no_cgroup_left  # noqa: F401 - autouse fixture
 from .conftest import ServersStack, wait_until
 
@@ -53,12 +53,15 @@ def test_quota_throttles_the_tree_and_clear_lifts_it(started, make_injector, tmp
     path = cgroup.TreeCgroup("cpu", handle.fault_id).path
     assert f["cgroup"]["path"] == str(path) and path.name == f"specchaos-{handle.fault_id}"
 
-    ev = inj.collect_evidence(handle, timeout_s=20)
+    control = started.popen(python(BUSY))                     # unthrottled: a busy host slows it alike
+    (free,), ev = cpu_rates_during([control.pid], lambda: inj.collect_evidence(handle, timeout_s=20))
     o = ev.observations
     assert ev.acted, ev.detail
     assert o["quota_read_back_cpus"] == 0.2 and sorted(o["pids_in_cgroup"]) == sorted(pids(srv))
-    assert o["throttled_periods"] > 10 and o["throttled_s"] > 0
-    assert 0.1 < o["cpu_used_cpus"] <= 0.24, o                # two busy loops held to 0.2 CPU together
+    assert o["throttled_periods"] > 0   # the kernel's count (few, and little throttled time, on a saturated host)
+    # two busy loops held to 0.2 CPU together (the quota caps them however idle the host), and
+    # running: a share of what the control got in the same window, up to the quota
+    assert o["cpu_used_cpus"] <= 0.24 and o["cpu_used_cpus"] > 0.3 * min(0.2, free), (o, free)
     assert o["tokens_per_s_during"] is None                   # no /metrics on a plain tree
 
     inj.clear(handle)
@@ -66,10 +69,8 @@ def test_quota_throttles_the_tree_and_clear_lifts_it(started, make_injector, tmp
     assert {pid: cgroup.cgroup_of(pid, h) for pid in pids(srv)} == origins
     # unthrottled again: its two busy loops get more than one unthrottled control loop measured
     # in the same window (a busy host slows all three alike; held to 0.2 CPU they would not)
-    control = started.popen(python(BUSY))
-    wait_until(lambda: psutil.Process(control.pid).cpu_times().user > 0.05, 5)
     *loops, free = cpu_rates([*pids(srv), control.pid], 2.0)
-    assert sum(loops) > 1.2 * free and sum(loops) > o["cpu_used_cpus"], (loops, free, o["cpu_used_cpus"])
+    assert sum(loops) > 1.2 * free, (loops, free, o["cpu_used_cpus"])   # same window only: the load varies
     inj.clear(handle)                                         # idempotent
     (entry,) = Ledger(tmp_path / "ledger.jsonl").entries()
     assert entry["state"] == "cleared" and entry["evidence"]["acted"]

@@ -97,10 +97,10 @@ def test_latency_is_measured_and_toxics_come_and_go_without_dropping_the_connect
         p.client.add_toxic("echo", {"name": "lag", "type": "latency", "stream": "downstream",
                                     "attributes": {"latency": 300, "jitter": 0}})
         got, slow = roundtrip(s, b"ping")
-        assert got == b"ping" and 0.295 < slow < 1.5, slow
+        assert got == b"ping" and 0.295 < slow < fast + 1.5, (fast, slow)   # fast: the control, same connection
         assert p.client.remove_toxic("echo", "lag") and not p.client.remove_toxic("echo", "lag")
         got, again = roundtrip(s, b"ping")                      # the same connection, healthy again
-        assert got == b"ping" and again < 0.2, again           # (a loaded shared machine: generous)
+        assert got == b"ping" and again < (fast + slow) / 2, (fast, slow, again)   # nearer the control than the lag
     added = p.client.stats()["toxics"]["lag"]["added_ms"]
     assert added["count"] == 1 and 299 <= added["mean"] < 1000
 

@@ -1,7 +1,9 @@
 """Chunks are stamped when their data arrived, not when the client got round to parsing
-them (:mod:`harness.load.rxstamp`): a client busy for 40 ms per chunk still records every
-chunk within a few ms of the server's send instant, while the same client without stamps
-records the backlog (the defect this guards against)."""
+them (:mod:`harness.load.rxstamp`): a client busy for 40 ms per chunk records every chunk
+without that backlog, while its own parse instants (the control, in the same request) and the
+same client without stamps carry it (the defect this guards against). How close the stamps
+come to the server's send instant is measured by bench/loadgen_capacity.py (timing_error_ms), not
+asserted here (a host's own delay is not the client's)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,12 @@ def lateness_ms(rec) -> list[float]:
     return [((rec.send_time + off) - ns / 1e9) * 1000.0 for off, ns in zip(rec.chunk_offsets_s, sent)]
 
 
+def arrival_ahead_of_parse_ms(rec) -> float:
+    """How far the last chunk's arrival stamp is ahead of the instant the client parsed it (ms):
+    the backlog a parse-time stamp would carry (0 for such a stamp)."""
+    return (rec.read_offsets_s[-1] - rec.chunk_offsets_s[-1]) * 1000.0
+
+
 def busy_take_chunk(monkeypatch):
     """The client spends BUSY_S on every chunk after stamping it (a loaded load process)."""
     real = client_mod._take_chunk
@@ -65,12 +73,12 @@ def test_stamps_are_arrival_not_parse_time(sse_server, monkeypatch):
         assert stream_completion(c, sse_server, "m", PROMPT, timeout_s=10).ok
         time.sleep(0.05)
         busy_take_chunk(monkeypatch)
-        recs = [stream_completion(c, sse_server, "m", PROMPT, timeout_s=10) for _ in range(3)]
+        recs = [stream_completion(c, sse_server, "m", PROMPT, timeout_s=10, read_stamps=True) for _ in range(3)]
     assert all(r.ok for r in recs)
     late = [x for r in recs for x in lateness_ms(r)]
-    # the client fell 40, 80, 120 ms behind; the stamps did not (the margin is for a busy
-    # host delaying the server between its stamp and its write)
-    assert max(late) < 30.0, late
+    # the client fell 40, 80, 120 ms behind: its parse instants show it, the stamps do not
+    for r in recs:
+        assert arrival_ahead_of_parse_ms(r) > 2 * BUSY_S * 1000.0 * 0.9, (late, arrival_ahead_of_parse_ms(r))
     assert min(late) > -1.0, late   # never before the server sent it
     for r in recs:
         assert r.chunk_offsets_s == sorted(r.chunk_offsets_s)
@@ -92,7 +100,7 @@ def test_read_stamps_keep_the_parse_instants_beside_the_arrivals(sse_server, mon
     assert all(b >= 0 for b in behind), behind      # an arrival is never after its parse
     assert behind[-1] > 2 * BUSY_S * 1000.0 * 0.9, behind   # 3 chunks of 40 ms backlog
     assert rec.e2e_read_s >= rec.read_offsets_s[-1] and rec.e2e_read_s >= rec.e2e_s
-    assert max(lateness_ms(rec)) < 30.0
+    assert min(lateness_ms(rec)) > -1.0
 
 
 def test_without_stamps_the_backlog_shows(sse_server, monkeypatch):

@@ -13,6 +13,7 @@ from harness.report.json_report import read_report, write_report
 from harness.checks.run import load_reference
 from harness.report.judge import judge_run
 from harness.timeline import count_restarts, fault_summary
+from tests.asserts import assert_failed
 from tests.factories import cut, ev, fail, make_record, phase_events
 
 FAULT = 1030.5
@@ -143,14 +144,14 @@ def test_fault_without_evidence_is_error(tmp_path):
     rep = judge_run(d, cfg(), META)
     assert rep["verdict"] == "error"
     assert any("no evidence" in e for e in rep["errors"])
-    assert not by_name(rep)["fault.f1.acted"]["passed"]
+    assert_failed(by_name(rep)["fault.f1.acted"])
 
 
 def test_no_fault_is_error(tmp_path):
     d = write_run(tmp_path / "run", events=timeline(fault=False))
     rep = judge_run(d, cfg(), META)
     assert rep["verdict"] == "error"
-    assert rep["faults"] == [] and not by_name(rep)["fault.injected"]["passed"]
+    assert rep["faults"] == [] and by_name(rep)["fault.injected"]["passed"] is False
     assert rep["recovery"]["time_to_healthy_s"] is None
 
 
@@ -165,7 +166,7 @@ def test_no_fault_after_a_missed_pre_method_hypothesis_is_a_skipped_method_not_a
     assert "fault.injected" not in by_name(rep)
     # The missed probe is a failed check: fail (exit 1), not error.
     assert rep["verdict"] == "fail"
-    assert not by_name(rep)["steady_state.before.health-is-200"]["passed"]
+    assert_failed(by_name(rep)["steady_state.before.health-is-200"])
 
 
 def test_run_error_and_interruption_are_errors(tmp_path):
@@ -181,7 +182,7 @@ def test_cut_stream_labelled_ok_fails(tmp_path):
     rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
     assert rep["verdict"] == "fail"
     assert rep["integrity"]["false_success"] == 1
-    assert not by_name(rep)["integrity.false_success"]["passed"]
+    assert_failed(by_name(rep)["integrity.false_success"])
     assert rep["requests"]["client_ok"] == rep["requests"]["ok"] + 1
 
 
@@ -205,8 +206,8 @@ def test_server_that_never_comes_back_fails(tmp_path):
     c = by_name(rep)
     for k in ("time_to_healthy_s", "time_to_first_success_s", "time_to_slo_s"):
         assert rep["recovery"][k] is None
-        assert not c[f"recovery.{k}"]["passed"]
-    assert not c["slo.after.ttft_p95_s"]["passed"]  # nothing complete in 'after'
+        assert_failed(c[f"recovery.{k}"])
+    assert_failed(c["slo.after.ttft_p95_s"])  # nothing complete in 'after'
 
 
 def test_breached_slo_fails(tmp_path):
@@ -216,8 +217,8 @@ def test_breached_slo_fails(tmp_path):
     rep = judge_run(write_run(tmp_path / "run", records=recs), cfg(), META)
     assert rep["verdict"] == "fail"
     c = by_name(rep)
-    assert not c["slo.after.e2e_p95_s"]["passed"]
-    assert not c["degradation.after_vs_baseline.e2e_p95_ratio"]["passed"]
+    assert_failed(c["slo.after.e2e_p95_s"])
+    assert_failed(c["degradation.after_vs_baseline.e2e_p95_ratio"])
 
 
 def test_only_load_records_are_judged_and_missing_files_do_not_crash(tmp_path):
@@ -326,7 +327,7 @@ def test_a_safeguard_abort_is_the_verdict_aborted_with_its_timing(tmp_path):
     assert ab["detection_latency_s"] == pytest.approx(0.21) and ab["fault_to_abort_s"] == pytest.approx(3.21)
     assert ab["breach_to_abort_s"] == pytest.approx(2.21) and ab["reason"].startswith("aborted by safeguard")
     c = by_name(rep)["safeguards.error_rate"]
-    assert not c["passed"] and "aborted" in c["detail"]
+    assert c["passed"] is False and "aborted" in c["detail"]
     # re-derived from the records: connect errors from 1030.5, every 0.25 s
     br = rep["safeguards"]["breaches"]["error_rate"]
     assert 1030.5 < br["breach_start"] < 1032.0 and br["due_at"] == pytest.approx(br["breach_start"] + 2)
