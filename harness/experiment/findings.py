@@ -35,6 +35,7 @@ import httpx
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import ExperimentError
+from harness.experiment.validate import load_experiment
 from harness.stack.pool import StackPool
 from harness.stack.vllm import vllm_distribution
 from harness.timeline import Timeline
@@ -191,7 +192,6 @@ def run_findings(findings: list[Finding], *, urls: dict[str, str] | None = None,
     Raises:
         SpecchaosError: a finding's experiment does not validate, or its stack cannot start.
     """
-    from harness.experiment.validate import load_experiment   # (validate imports the fault registry)
     engine = (vllm_distribution() or ("unknown", ""))[0]
     results: list[FindingResult] = []
     if urls is not None:
