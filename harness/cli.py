@@ -26,6 +26,7 @@ Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -203,8 +204,12 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
              var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP),
              launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help=LAUNCHER_HELP)) -> None:
     """Validate an experiment (file, faults, arguments, models, ports, overrides) without starting anything."""
+    # what it is doing, on a terminal (a status line that goes away; a pipe gets the result only)
+    status = err.status(f"validating {file}") if err.is_terminal else contextlib.nullcontext()
     try:
-        exp = load_experiment(file, overrides=_overrides(sets, var_files, launcher))
+        with status as shown:
+            exp = load_experiment(file, overrides=_overrides(sets, var_files, launcher),
+                                  progress=None if shown is None else shown.update)
     except SpecchaosError as exc:
         _fail(exc)
         return
