@@ -34,7 +34,7 @@ import os
 import sys
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -328,6 +328,13 @@ def models_build(dir: Optional[Path] = typer.Option(None, "--dir", help="Where t
               f"ngram {info['methods']['ngram']['rate']}", highlight=False)
 
 
+def _whose(run: dict[str, Any]) -> str:
+    """A live run cleanup left alone, as ``ID (pid N in CHECKOUT, output OUT)``."""
+    where = f" in {run['owner_cwd']}" if run.get("owner_cwd") else ""
+    out_dir = f", output {run['out_dir']}" if run.get("out_dir") else ""
+    return f"{run['run_id']} (pid {run['owner_pid']}{where}{out_dir})"
+
+
 @app.command()
 def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down runs whose owner still lives."),
             state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Default: $SPECCHAOS_STATE_DIR or ~/.local/state/specchaos.")) -> None:
@@ -336,7 +343,8 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
     out.print(f"cleanup: {res['runs']} crashed run(s) cleaned; killed {len(res['killed'])} process(es)"
               f"{' ' + str(res['killed']) if res['killed'] else ''}; reverted {len(res['faults_reverted'])} fault(s)"
               f"{'; removed container(s) ' + ', '.join(res['containers_removed']) if res.get('containers_removed') else ''}"
-              f"{'; skipped live run(s): ' + ', '.join(res['skipped_live_runs']) if res['skipped_live_runs'] else ''}",
+              f"{'; skipped live run(s): ' + ', '.join(map(_whose, res['skipped_live_runs'])) if res['skipped_live_runs'] else ''}"
+              f"{' (their owners still run; --force tears them down too)' if res['skipped_live_runs'] else ''}",
               highlight=False)
     for e in res["errors"]:
         err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)
