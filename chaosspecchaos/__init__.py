@@ -1,8 +1,16 @@
-"""The Chaos Toolkit extension entry point of specchaos (``chaos discover specchaos``).
+"""The Chaos Toolkit extension entry point of specchaos (``chaos discover specchaos``), and
+nothing else: the harness is :mod:`harness`, the fault families :mod:`faults`.
 
-Chaos Toolkit finds an extension's ``discover`` function in the first top-level package
-of its distribution; by the ``chaos<name>`` convention of Chaos Toolkit extensions, that
-is this package. It lists the harness's activities: one typed action per fault family
+Why a top-level package of its own, and why this name: ``chaos discover specchaos`` asks
+``importlib.metadata.packages_distributions()`` for the distribution's top-level packages
+and imports the first one (chaoslib's ``get_importname_from_package``: one top-level
+package per extension is all it supports), then calls its ``discover()``. The specchaos
+distribution has three (``chaosspecchaos``, ``faults``, ``harness``, listed sorted), so the
+entry point must sort before ``faults``; the ``chaos<name>`` name of Chaos Toolkit
+extensions (chaosk8s, chaosaws, chaosprometheus) does, and tells a Chaos Toolkit user what
+it is. Without it, discovery would import ``faults``, which has no ``discover()``
+(``tests/test_discover.py`` runs the real ``chaos discover``). It lists the harness's
+activities: one typed action per fault family
 (:mod:`harness.experiment.actions`, generated from :data:`faults.registry.REGISTRY`),
 the phase and rollback actions, and the steady-state probes
 (:mod:`harness.experiment.probes`). The experiment control is

@@ -55,7 +55,11 @@ def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float =
 
     Returns:
         ``{"runs": int (runs cleaned), "killed": [pid], "faults_reverted": [fault_id],
-        "containers_removed": [name], "skipped_live_runs": [run_id], "errors": [str]}``
+        "containers_removed": [name], "skipped_live_runs": [{"run_id", "owner_pid", "owner_cwd",
+        "out_dir"}], "errors": [str]}`` — a skipped run says whose it is: the live owner's pid
+        and working directory (its checkout; recorded by :class:`harness.state.RunState`, or
+        read from the live process for an older state file; None when neither) and its
+        output directory.
     """
     base = Path(state_dir) if state_dir is not None else run_state.state_dir()
     result: dict[str, Any] = {"runs": 0, "killed": [], "faults_reverted": [], "containers_removed": [],
@@ -70,7 +74,9 @@ def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float =
         owner_pid, owner_ct = data.get("owner_pid"), data.get("owner_create_time")
         if not force and owner_pid is not None and owner_ct is not None and same_process(int(owner_pid), float(owner_ct)):
             log.info("run %s: owner pid %s is alive, skipped", run_id, owner_pid)
-            result["skipped_live_runs"].append(run_id)
+            result["skipped_live_runs"].append({"run_id": run_id, "owner_pid": int(owner_pid),
+                                                "owner_cwd": data.get("owner_cwd") or _cwd_of(int(owner_pid)),
+                                                "out_dir": data.get("out_dir")})
             continue
         errors = _revert_faults(data.get("ledger"), result)
         errors += _kill_registered(data.get("processes") or [], grace_s, result)
@@ -84,6 +90,14 @@ def cleanup(state_dir: Path | None = None, force: bool = False, grace_s: float =
             log.info("run %s cleaned up", run_id)
     result["errors"] += container_cleanup.remove_orphaned(base, force, result)
     return result
+
+
+def _cwd_of(pid: int) -> str | None:
+    """The working directory of the live process ``pid``, or None (gone, or not ours to read)."""
+    try:
+        return psutil.Process(pid).cwd()
+    except (psutil.Error, OSError):
+        return None
 
 
 def _revert_faults(ledger_path: str | None, result: dict[str, Any]) -> list[str]:

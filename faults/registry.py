@@ -6,7 +6,8 @@ Each family also gets a typed Chaos Toolkit action named by its ``activity``
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Sequence
 
 from pydantic import ValidationError
 
@@ -64,29 +65,36 @@ def fault_class(kind: str, where: str = "") -> type[Fault]:
         ) from None
 
 
-def make_fault(kind: str, params: dict[str, Any] | None, where: str = "") -> Fault:
+def make_fault(kind: str, params: dict[str, Any] | None, where: str = "", also: Sequence[str] = ()) -> Fault:
     """Build a fault of family ``kind`` from raw experiment arguments.
 
     Args:
         kind: registry name, e.g. ``"process-kill"``.
         params: the family's arguments (without ``kind``), validated by its ``Params`` model.
         where: location of the activity for errors, e.g. ``"exp.yaml: method[2].provider"``.
+        also: the other arguments accepted beside the family's (a typed action's
+            ``duration_s``, ``evidence_timeout_s``), named in an unknown argument's hint.
 
     Raises:
         ExperimentError: unknown kind; or the first invalid/unknown argument, located as
-            ``<where>.arguments.<field>``.
+            ``<where>.arguments.<field>``; an unknown one's hint offers the closest accepted
+            name (``did you mean 'toxic'?``, :func:`difflib.get_close_matches`) and lists them all.
     """
     cls = fault_class(kind, where)
     try:
         validated = cls.Params.model_validate(params or {})
     except ValidationError as exc:
         field, msg, kind_of_error = first_error(exc)
+        known = [*cls.Params.model_fields, *also]
+        hint = f"{kind} takes: {', '.join(known)}"
         if kind_of_error == "extra_forbidden":
             msg = f"unknown argument of {kind}"
-        known = ", ".join(cls.Params.model_fields)
+            near = difflib.get_close_matches(field.rsplit(".", 1)[-1], known, n=1, cutoff=0.6)
+            if near:
+                hint = f"did you mean {near[0]!r}? {hint}"
         at = f"{where}.arguments" if where else "arguments"
         loc = f"{at}.{field}" if field else at   # a rule across fields has no one field
-        raise ExperimentError(msg, where=loc, hint=f"{kind} takes: {known}") from None
+        raise ExperimentError(msg, where=loc, hint=hint) from None
     return cls(validated)
 
 

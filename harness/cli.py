@@ -30,6 +30,7 @@ Every user-facing error is one line on stderr; tracebacks are for bugs (``-v``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -38,7 +39,7 @@ import sys
 import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -253,8 +254,12 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
              var_files: Optional[list[Path]] = typer.Option(None, "--var-file", metavar="FILE", help=VAR_FILE_HELP),
              launcher: Optional[str] = typer.Option(None, "--launcher", metavar="NAME", help=LAUNCHER_HELP)) -> None:
     """Validate an experiment (file, faults, arguments, models, ports, overrides) without starting anything."""
+    # what it is doing, on a terminal (a status line that goes away; a pipe gets the result only)
+    status = err.status(f"validating {file}") if err.is_terminal else contextlib.nullcontext()
     try:
-        exp = load_experiment(file, overrides=_overrides(sets, var_files, launcher))
+        with status as shown:
+            exp = load_experiment(file, overrides=_overrides(sets, var_files, launcher),
+                                  progress=None if shown is None else shown.update)
     except SpecchaosError as exc:
         _fail(exc)
         return
@@ -412,6 +417,13 @@ def models_build(dir: Optional[Path] = typer.Option(None, "--dir", help="Where t
               f"ngram {info['methods']['ngram']['rate']}", highlight=False)
 
 
+def _whose(run: dict[str, Any]) -> str:
+    """A live run cleanup left alone, as ``ID (pid N in CHECKOUT, output OUT)``."""
+    where = f" in {run['owner_cwd']}" if run.get("owner_cwd") else ""
+    out_dir = f", output {run['out_dir']}" if run.get("out_dir") else ""
+    return f"{run['run_id']} (pid {run['owner_pid']}{where}{out_dir})"
+
+
 @app.command()
 def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down runs whose owner still lives."),
             state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Default: $SPECCHAOS_STATE_DIR or ~/.local/state/specchaos.")) -> None:
@@ -420,7 +432,8 @@ def cleanup(force: bool = typer.Option(False, "--force", help="Also tear down ru
     out.print(f"cleanup: {res['runs']} crashed run(s) cleaned; killed {len(res['killed'])} process(es)"
               f"{' ' + str(res['killed']) if res['killed'] else ''}; reverted {len(res['faults_reverted'])} fault(s)"
               f"{'; removed container(s) ' + ', '.join(res['containers_removed']) if res.get('containers_removed') else ''}"
-              f"{'; skipped live run(s): ' + ', '.join(res['skipped_live_runs']) if res['skipped_live_runs'] else ''}",
+              f"{'; skipped live run(s): ' + ', '.join(map(_whose, res['skipped_live_runs'])) if res['skipped_live_runs'] else ''}"
+              f"{' (their owners still run; --force tears them down too)' if res['skipped_live_runs'] else ''}",
               highlight=False)
     for e in res["errors"]:
         err.print(f"specchaos: error: cleanup: {e}", markup=False, highlight=False, soft_wrap=True)

@@ -2,8 +2,11 @@
 
 Every run writes ``<state dir>/runs/<run_id>.json`` while it lives::
 
-    {"run_id": str, "owner_pid": int, "owner_create_time": float, "out_dir": str,
+    {"run_id": str, "owner_pid": int, "owner_create_time": float, "owner_cwd": str, "out_dir": str,
      "ledger": str, "processes": [{"pid": int, "create_time": float, "role": str}]}
+
+(``owner_cwd``: the working directory of the process that runs it, usually its checkout:
+cleanup names it for a run it leaves alone because its owner lives.)
 
 Launchers register each process they start (servers, locust); the fault ledger path
 is named so cleanup can revert open faults. On a clean end the file is removed.
@@ -43,6 +46,7 @@ class RunState:
             "run_id": self.run_id,
             "owner_pid": me.pid,
             "owner_create_time": me.create_time(),
+            "owner_cwd": os.getcwd(),
             "out_dir": str(Path(out_dir).resolve()),
             "ledger": str(Path(ledger).resolve()) if ledger else None,
             "processes": [],

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment.shipped import DEFAULT_EXPERIMENT, init_experiments, shipped_experiments
+from harness.experiment.shipped import DEFAULT_EXPERIMENT, SOURCES, init_experiments, shipped_experiments
+from harness.experiment.sweep import plan_sweep
+from harness.experiment.validate import load_experiment
 from harness.errors import SpecchaosError
+from tests.experiment.files import gpu_only, is_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What the build needs from the checkout.
@@ -55,6 +58,31 @@ def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path):
         init_experiments(tmp_path / "file")
 
 
+@pytest.mark.timeout(600)
+def test_every_shipped_experiment_validates_from_the_directory_init_writes(tmp_path, monkeypatch):
+    """A user's layout: ``specchaos init exps`` beside ``models/``, everything run from there —
+    the request files the experiments name come along (``exps/sources/``), and each shipped
+    experiment loads as ``specchaos validate`` loads it (the sweep file as ``specchaos sweep
+    --plan`` plans it; the GPU one is refused in its one line on a host without a GPU)."""
+    if not (ROOT / "models" / "manifest.json").exists():
+        pytest.skip("models not built (make test builds them)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    written = init_experiments("exps")
+    assert sorted(p.name for p in (tmp_path / "exps" / SOURCES).iterdir()) == \
+        sorted(p.name for p in (ROOT / "experiments" / SOURCES).iterdir())
+    assert "path: exps/sources/trace.jsonl" in (tmp_path / "exps" / "trace-replay.yaml").read_text()
+    for path in written:
+        if is_sweep(path):
+            assert plan_sweep(path).runs, path
+        elif gpu_only(path) is not None:
+            with pytest.raises(SpecchaosError) as ei:
+                load_experiment(path)
+            assert ei.value.one_line().startswith(f"{path}: configuration.specchaos.gpu.require: {gpu_only(path)}")
+        else:
+            assert load_experiment(path).title, path
+
+
 @pytest.mark.timeout(300)
 def test_the_wheel_installs_into_a_fresh_venv_and_validates_an_initd_experiment(tmp_path):
     t0 = time.monotonic()
@@ -72,6 +100,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_validates_an_initd_experiment(
     (wheel,) = dist.glob("specchaos-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert f"harness/experiments_data/{DEFAULT_EXPERIMENT}" in names
+    assert f"harness/experiments_data/{SOURCES}/trace.jsonl" in names   # what trace-replay.yaml names
     assert not [n for n in names if n.startswith(("tests/", "experiments/"))]
     t_wheel = time.monotonic() - t0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Mapping, Union
 
 from harness.checks.config import CheckLimits
 from harness.load.records import RequestRecord
@@ -134,10 +134,26 @@ class RecordedRun:
         return max(recovery_reference(f) for f in self.faults) if self.faults else None
 
 
-def instant(t: float, after_fault_s: float | None) -> str:
-    """An instant for a check's detail: epoch seconds, and its offset from the fault when
-    known, e.g. ``"1796015284.123 (fault +5.010 s)"``."""
-    return f"{t:.3f}" + ("" if after_fault_s is None else f" (fault {after_fault_s:+.3f} s)")
+def instant(t: float, fault_t: float | None = None,
+            windows: Mapping[str, tuple[float, float]] | None = None) -> str:
+    """An instant for a check's detail, placed as a reader places it (epoch seconds stay in
+    ``report.json``): with the run's phase windows (``{phase: (start, end)}``, epoch s), the
+    phase it falls in and the seconds since that phase began, e.g. ``"recovery +2.4 s"``
+    (before the first phase: that phase and a negative offset); else, with the fault's
+    epoch seconds, the seconds from the fault, e.g. ``"fault +5.0 s"``; else the epoch
+    seconds, ``"epoch 1796015284.123"``."""
+    if windows:
+        starts = sorted(((w[0], name) for name, w in windows.items()), key=lambda x: x[0])
+        start, name = next(((a, n) for a, n in reversed(starts) if a <= t), starts[0])
+        return f"{name} {_offset(t - start)} s"
+    if fault_t is not None:
+        return f"fault {_offset(t - fault_t)} s"
+    return f"epoch {t:.3f}"
+
+
+def _offset(d: float) -> str:
+    """Signed seconds: tenths from a second on, hundredths below (``+5.0``, ``-0.01``)."""
+    return f"{d:+.1f}" if abs(d) >= 1 else f"{d:+.2f}"
 
 
 #: The one signature of a check.

@@ -155,7 +155,7 @@ def check(run: RecordedRun) -> list[CheckResult]:
                                    f"{f['windows_judged']} judged windows of {f['window_s']:g} s"
                                    + (f"; {len(f['trips'])} breaker event(s)" if f["trips"] else "")))
     else:
-        at = instant(breach["t"], None if t0 is None else breach["t"] - t0)
+        at = instant(breach["t"], t0, run.windows)
         if trip is None:
             results.append(CheckResult("breaker.tripped", "breaker", False, breach["rejection_rate"],
                                        f">= {f['hard_rejection']:g}",

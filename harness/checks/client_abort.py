@@ -106,7 +106,6 @@ def client_abort_checks(events: list[dict[str, Any]], max_drain_s: float,
     judged = [s for s in ss if orphans(s) is not None]
     exits = [e for e in events if e.get("event") == "server_exited" and not e.get("expected")
              and first is not None and e["t"] >= first]
-    after = (lambda t: None if fault_t is None else t - fault_t)
     checks = []
     if not judged:
         checks.append(CheckResult("client_abort.drain_s", "liveness", False, None, max_drain_s,
@@ -119,12 +118,12 @@ def client_abort_checks(events: list[dict[str, Any]], max_drain_s: float,
         checks.append(CheckResult(
             "client_abort.drain_s", "liveness", longest["duration_s"] <= max_drain_s, longest["duration_s"], max_drain_s,
             f"longest stretch with requests running for no client: {longest['duration_s']:.2f} s from "
-            f"{instant(longest['start'], after(longest['start']))} (at most {longest['bound_s']:.2f} s: "
+            f"{instant(longest['start'], fault_t)} (at most {longest['bound_s']:.2f} s: "
             f"the /metrics reads around it took up to {longest['resolution_s']:.2f} s more), "
             f"up to {longest['max_orphans']:g} orphaned, {how}"))
     checks.append(CheckResult("client_abort.server_exits", "liveness", not exits, len(exits), 0,
                               f"{len(exits)} server exits after the first abort" +
-                              (f" (first at {instant(exits[0]['t'], after(exits[0]['t']))})" if exits else "")))
+                              (f" (first at {instant(exits[0]['t'], fault_t)})" if exits else "")))
     checks.append(CheckResult("client_abort.streams_aborted", "fault", aborted > 0, aborted, 1,
                               f"{aborted} streams aborted by the client side"))
     summary = {"samples": len(ss), "samples_judged": len(judged), "streams_aborted": aborted,

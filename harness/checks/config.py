@@ -9,13 +9,13 @@ experiment configuration (:class:`harness.experiment.config.SpecchaosConfig`) sa
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics.config import GoodputConfig, MetricsConfig
 
-__all__ = ["SloConfig", "DegradationConfig", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
+__all__ = ["SloConfig", "DegradationConfig", "StartupRelative", "RecoveryLimit", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
            "HangConfig", "ClientAbortConfig", "MirrorConfig", "CheckLimits", "AcceptanceFloorConfig", "SpeculationConfig",
            "ServerMemoryConfig", "FallbackConfig", "SafeguardConfig", "GpuConfig", "SAFEGUARD_METRICS", "METHOD_PHASES",
            "THROTTLE_REASONS"]
@@ -59,17 +59,60 @@ class DegradationConfig(_Strict):
     max_unavailable_s: float | None = Field(None, gt=0)
 
 
+class StartupRelative(_Strict):
+    """A time-to-recover limit relative to the stack's own start-up measured in the same run:
+    ``startup_factor × start-up + startup_plus_s`` seconds (a factor alone: ``factor ×
+    start-up``; seconds alone: ``start-up + seconds``). A recovery that restarts a server
+    takes about one start-up, which a slower host makes longer: a limit written so fails on
+    a slower recovery, not on a slower host.
+
+    The start-up is the speculative server's ``startup_s`` (spawn to ready, seconds) of its
+    last ``server_ready`` before the fault on the run's timeline, or the one a reused pooled
+    stack's ``stack_pooled`` event carries (:func:`harness.checks.recovery.measured_startup_s`);
+    a run with neither (an external endpoint: its start-up is not the harness's to measure)
+    leaves the check not judged, with the reason."""
+
+    startup_factor: float | None = Field(None, gt=0)
+    startup_plus_s: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_of_them(self) -> "StartupRelative":
+        if self.startup_factor is None and self.startup_plus_s is None:
+            raise ValueError("give startup_factor (× the measured start-up), startup_plus_s (start-up + seconds) "
+                             "or both")
+        return self
+
+    def resolve(self, startup_s: float) -> float:
+        """The limit in seconds for a measured start-up of ``startup_s`` seconds."""
+        return startup_s * (self.startup_factor or 1.0) + (self.startup_plus_s or 0.0)
+
+    def describe(self, startup_s: float | None = None) -> str:
+        """How the limit is derived, e.g. ``"1.5 × start-up 56.0 s"``, ``"start-up 56.0 s + 30 s"``."""
+        up = "start-up" if startup_s is None else f"start-up {startup_s:.1f} s"
+        base = up if self.startup_factor is None else f"{self.startup_factor:g} × {up}"
+        return base if self.startup_plus_s is None else f"{base} + {self.startup_plus_s:g} s"
+
+
+#: A time-to-recover limit: seconds, or relative to the run's measured start-up.
+RecoveryLimit = Union[Annotated[float, Field(gt=0)], StartupRelative]
+
+
 class RecoveryConfig(_Strict):
     """Limits on time to recover (seconds, measured from the fault or process death), and
     what "back within SLO" means: a rolling window of ``slo_window_s`` whose p95 TTFT and
     p95 E2E are at most ``baseline_p95_factor`` × the baseline's p95 (a factor, not a
     tolerance in seconds; ``slo_tolerance`` is an alias of it). The dense
     probes (``dense_*``) resolve the recovery instants to ≤ 100 ms
-    (``report.json``'s ``recovery.resolution_s``)."""
+    (``report.json``'s ``recovery.resolution_s``).
 
-    time_to_healthy_s: float = Field(120.0, gt=0)
-    time_to_first_success_s: float = Field(150.0, gt=0)
-    time_to_slo_s: float = Field(180.0, gt=0)
+    Each ``time_to_*_s`` limit is seconds, or a :class:`StartupRelative` mapping
+    (``{startup_factor: 1.5}``, ``{startup_plus_s: 30}``, both) resolved against the
+    stack's start-up measured in the same run; the check's ``limit`` is the resolved
+    seconds and its detail says how they were derived."""
+
+    time_to_healthy_s: RecoveryLimit = 120.0
+    time_to_first_success_s: RecoveryLimit = 150.0
+    time_to_slo_s: RecoveryLimit = 180.0
     slo_window_s: float = Field(5.0, gt=0)
     baseline_p95_factor: float = Field(2.0, gt=0, validation_alias=AliasChoices("baseline_p95_factor", "slo_tolerance"))
     health_interval_s: float = Field(0.25, gt=0)

@@ -177,8 +177,8 @@ def hang_checks(summary: dict[str, Any]) -> list[CheckResult]:
     """The check ``hang.longest_stall_s`` (category ``"hang"``) from a
     :func:`stall_summary`: observed = the longest stall (seconds; 0 when an output chunk
     arrived whenever requests were in flight), limit ``max_stall_s``; fails when a stall
-    is longer. Its detail names the detection time (epoch s and seconds after the
-    fault), the requests in flight then and when the stall began. With no load request
+    is longer. Its detail names the detection time (seconds after the fault, or epoch s
+    without one: :func:`~harness.checks.base.instant`), the requests in flight then and when the stall began. With no load request
     at all it is not judged (``passed`` None): nothing could stall, and a load that sent
     nothing is the coverage checks' failure (``coverage.<phase>.requests``), not a hang."""
     s = summary
@@ -186,15 +186,16 @@ def hang_checks(summary: dict[str, Any]) -> list[CheckResult]:
     if not s["requests_judged"]:
         return [CheckResult.not_judged("hang.longest_stall_s", "hang", None, limit,
                                        "no load request was in flight: nothing to judge")]
+    fault_t = s["measured_from"]
     if s["detected_at"] is None:
         detail = ("no stall: an output chunk arrived whenever requests were in flight" if longest is None else
-                  f"longest stall {longest:.3g} s (≤ {limit:g} s) from {s['longest_stall_start']:.3f}, "
+                  f"longest stall {longest:.3g} s (≤ {limit:g} s) from {instant(s['longest_stall_start'], fault_t)}, "
                   f"ended by {s['longest_stall_ended_by']}")
         return [CheckResult("hang.longest_stall_s", "hang", True, longest or 0.0, limit, detail)]
-    when = instant(s["detected_at"], s["detected_after_fault_s"])
+    when = instant(s["detected_at"], fault_t)
     detail = (f"hang detected at {when}: {s['in_flight_at_detection']} request(s) in flight, no output token "
-              f"since {s['stall_start']:.3f}; longest stall {longest:.3g} s (> {limit:g} s) from "
-              f"{s['longest_stall_start']:.3f}, ended by {s['longest_stall_ended_by']}; "
+              f"since {instant(s['stall_start'], fault_t)}; longest stall {longest:.3g} s (> {limit:g} s) from "
+              f"{instant(s['longest_stall_start'], fault_t)}, ended by {s['longest_stall_ended_by']}; "
               f"{s['stalls_over_limit']} stall(s) over the limit")
     return [CheckResult("hang.longest_stall_s", "hang", False, longest, limit, detail)]
 

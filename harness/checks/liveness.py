@@ -132,10 +132,10 @@ def liveness_checks(lie: dict[str, Any]) -> list[CheckResult]:
                             f"/health of {lie['server']} never answered 200 during a stall "
                             f"({lie['health_samples_judged']} samples while requests were in flight)")]
     ok = lie_s <= limit
-    since = instant(lie["start"], lie["start_after_fault_s"])
+    since = instant(lie["start"], lie["measured_from"])
     detail = (f"/health of {lie['server']} answered 200 for {lie_s:.3g} s ({'≤' if ok else '>'} {limit:g} s) "
               f"while requests were in flight and no output chunk arrived: from {since} to its 200 at "
-              f"{lie['last_200_at']:.3f} ({lie['samples_200']} samples of 200, {lie['in_flight']} request(s) "
+              f"{instant(lie['last_200_at'], lie['measured_from'])} ({lie['samples_200']} samples of 200, {lie['in_flight']} request(s) "
               f"in flight)")
     return [CheckResult(name, "liveness", ok, lie_s, limit, detail)]
 

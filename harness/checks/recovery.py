@@ -34,11 +34,12 @@ from typing import Any, Iterable
 
 from harness.checks.base import CheckResult
 from harness.checks.base import RecordedRun
-from harness.checks.config import RecoveryConfig
+from harness.checks.config import RecoveryConfig, StartupRelative
 from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, percentiles, ttft_s
 
 __all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
+           "measured_startup_s", "resolved_limits",
            "attempts", "resolution", "check", "section"]
 
 MIN_WINDOW_REQUESTS = 3
@@ -236,19 +237,61 @@ def resolution(records: Iterable[RequestRecord], events: Iterable[dict[str, Any]
     return {"time_to_healthy_s": h, "time_to_first_success_s": g, "resolution_s": max(known) if known else None}
 
 
-def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig) -> list[CheckResult]:
-    """One check per criterion: ``recovery.<criterion> ≤`` its limit in ``rc``; a None time
-    fails ("never recovered")."""
+def measured_startup_s(events: Iterable[dict[str, Any]], before: float | None, server: str = "spec") -> float | None:
+    """The start-up (spawn to ready, seconds) of ``server`` measured in this run, for the
+    limits relative to it (:class:`~harness.checks.config.StartupRelative`): the
+    ``startup_s`` of its last ``server_ready`` at or before ``before`` (the fault; a restart
+    after it is the recovery itself, not the host's speed), else the ``startup_s[server]``
+    of the last ``stack_pooled`` event (a reused pooled stack started in an earlier run);
+    None when the timeline holds neither (an external endpoint)."""
+    evs = list(events)
+    ready = [e for e in evs if e.get("event") == "server_ready" and e.get("server") == server
+             and e.get("startup_s") is not None and (before is None or e["t"] <= before)]
+    if ready:
+        return float(max(ready, key=lambda e: e["t"])["startup_s"])
+    pooled = [e for e in evs if e.get("event") == "stack_pooled" and (e.get("startup_s") or {}).get(server) is not None]
+    return float(max(pooled, key=lambda e: e["t"])["startup_s"][server]) if pooled else None
+
+
+def resolved_limits(rc: RecoveryConfig, startup_s: float | None) -> dict[str, dict[str, Any]]:
+    """Each time-to-recover limit resolved: ``{criterion: {"limit_s": seconds|None,
+    "derived": str}}`` — ``derived`` is ``"configured"`` for a limit in seconds, else how it
+    follows from the measured start-up (``"1.5 × start-up 56.0 s"``); ``limit_s`` None for a
+    relative limit when no start-up was measured."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in _CRITERIA:
+        lim = getattr(rc, key)
+        if not isinstance(lim, StartupRelative):
+            out[key] = {"limit_s": float(lim), "derived": "configured"}
+        elif startup_s is None:
+            out[key] = {"limit_s": None, "derived": lim.describe()}
+        else:
+            out[key] = {"limit_s": round(lim.resolve(startup_s), 3), "derived": lim.describe(startup_s)}
+    return out
+
+
+def recovery_checks(times: dict[str, float | None], rc: RecoveryConfig,
+                    startup_s: float | None = None) -> list[CheckResult]:
+    """One check per criterion: ``recovery.<criterion> ≤`` its limit in ``rc``, resolved
+    against ``startup_s`` (the run's measured start-up, seconds) where it is relative
+    (:func:`resolved_limits`); a None time fails ("never recovered"); a relative limit
+    without a measured start-up is not judged."""
     out = []
-    for key, what in _CRITERIA.items():
-        t = times.get(key)
-        limit = getattr(rc, key)
+    for key, lim in resolved_limits(rc, startup_s).items():
+        t, what, limit = times.get(key), _CRITERIA[key], lim["limit_s"]
         name = f"recovery.{key}"
-        if t is None:
-            out.append(CheckResult(name, "recovery", False, None, limit, f"never recovered ({what} not reached)"))
+        how = "" if lim["derived"] == "configured" else f" = {lim['derived']}"
+        if limit is None:
+            out.append(CheckResult.not_judged(
+                name, "recovery", t, None, f"the limit is {lim['derived']}, and this run measured no start-up of the "
+                "speculative server (an external endpoint, or a timeline without its server_ready)"))
+        elif t is None:
+            out.append(CheckResult(name, "recovery", False, None, limit,
+                                   f"never recovered ({what} not reached; limit {limit:g} s{how})"))
         else:
             ok = t <= limit
-            out.append(CheckResult(name, "recovery", ok, t, limit, f"{what} after {t:.3g} s ({'≤' if ok else '>'} {limit:g} s)"))
+            out.append(CheckResult(name, "recovery", ok, t, limit,
+                                   f"{what} after {t:.3g} s ({'≤' if ok else '>'} {limit:g} s{how})"))
     return out
 
 
@@ -264,7 +307,9 @@ def _times(run: RecordedRun) -> dict[str, float | None]:
 def check(run: RecordedRun) -> list[CheckResult]:
     """The recovery checks of a recorded run (none when no fault was injected: the
     judge reports that as a run error)."""
-    return [] if run.fault_time is None else recovery_checks(_times(run), run.limits.recovery)
+    if run.fault_time is None:
+        return []
+    return recovery_checks(_times(run), run.limits.recovery, measured_startup_s(run.events, run.fault_time))
 
 
 def section(run: RecordedRun) -> dict[str, Any]:
@@ -272,9 +317,13 @@ def section(run: RecordedRun) -> dict[str, Any]:
     ``measured_from`` (epoch s: the fault's clear, or its injection for a kill; None
     without a fault), ``resolution_s`` (seconds: how precisely the first two are known, see
     :func:`resolution`; None when there was nothing to resolve) and ``resolution`` (per
-    criterion)."""
+    criterion), ``startup_s`` (the start-up the relative limits are resolved against:
+    :func:`measured_startup_s`) and ``limits`` (each criterion's resolved limit and how it
+    was derived: :func:`resolved_limits`)."""
     t = run.recovery_time
     res = {"time_to_healthy_s": None, "time_to_first_success_s": None, "resolution_s": None} if t is None \
         else resolution(run.records, run.events, t)
     overall = res.pop("resolution_s")
-    return {**_times(run), "measured_from": t, "resolution_s": overall, "resolution": res}
+    startup = measured_startup_s(run.events, run.fault_time)
+    return {**_times(run), "measured_from": t, "resolution_s": overall, "resolution": res, "startup_s": startup,
+            "limits": resolved_limits(run.limits.recovery, startup)}

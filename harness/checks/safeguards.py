@@ -36,7 +36,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.base import CheckResult, RecordedRun, instant
 from harness.checks.config import SafeguardConfig
 from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, ttft_s
@@ -325,7 +325,7 @@ def check(run: RecordedRun) -> list[CheckResult]:
         acted = aborted is not None and aborted.get("safeguard") == name
         out.append(CheckResult(f"safeguards.{name}", "safeguards", False, br.observed, limit,
                                f"{sg.metric} {br.observed:.3g} over {br.n} requests > {sg.limit:g} from "
-                               f"{br.breach_start:.3f} for {sg.for_s:g} s" + ("; the run was aborted" if acted else "")))
+                               f"{instant(br.breach_start, run.fault_time, run.windows)} for {sg.for_s:g} s" + ("; the run was aborted" if acted else "")))
     return out
 
 

@@ -138,7 +138,7 @@ def check(run: RecordedRun) -> list[CheckResult]:
             d = c["collapse"]
             drop = max(0.0, d["drop"])
             passed = drop <= cfg.collapse_max_drop
-            where = instant(d["at"], None if fault_t is None else d["at"] - fault_t)
+            where = instant(d["at"], fault_t, run.windows)
             detail = (f"acceptance rate fell {d['from']:.3f} → {d['to']:.3f} into the window starting {where}"
                       if not passed else f"largest fall {drop:.3f} ({d['from']:.3f} → {d['to']:.3f} at {where})")
             out.append(CheckResult(f"speculation.{name}.collapse", "speculation", passed, round(drop, 4),
@@ -150,7 +150,7 @@ def check(run: RecordedRun) -> list[CheckResult]:
             if r is None:
                 detail = f"no window reached acceptance ≥ {cfg.saturation_rate:g} from a lower one"
             else:
-                where = instant(r["at"], None if fault_t is None else r["at"] - fault_t)
+                where = instant(r["at"], fault_t, run.windows)
                 detail = (f"acceptance rate jumped {r['from']:.3f} → {r['to']:.3f} (≥ {cfg.saturation_rate:g}) "
                           f"into the window starting {where}" if not passed else
                           f"largest rise into a window at ≥ {cfg.saturation_rate:g}: {rise:.3f} "

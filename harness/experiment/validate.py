@@ -26,7 +26,7 @@ import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 from chaoslib.configuration import load_configuration
@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from faults.base import Fault
 from faults.registry import by_activity, fault_class, make_fault
 from harness import gpu
-from harness.errors import ExperimentError, SpecchaosError, first_error
+from harness.errors import ExperimentError, SourceError, SpecchaosError, first_error
 from harness.experiment import actions
 from harness.experiment.actions import FaultTiming
 from harness.experiment.config import SpecchaosConfig, parse_config
@@ -224,7 +224,7 @@ def fault_activities(doc: dict[str, Any], where: str = "") -> Iterator[tuple[str
                 continue
             kind = cls.kind
             params = {k: v for k, v in args.items() if k not in FaultTiming.model_fields}
-            fault = make_fault(kind, params, where=at.removesuffix(".arguments"))
+            fault = make_fault(kind, params, where=at.removesuffix(".arguments"), also=list(FaultTiming.model_fields))
         yield loc, kind, fault
 
 
@@ -292,10 +292,17 @@ def check_capabilities(cfg: SpecchaosConfig, faults: Sequence[tuple[str, str, Fa
             raise ExperimentError(refusal(subject, lacking, name, launcher.summary, _offering(lacking)), where=where)
 
 
-def load_experiment(path: str | Path, overrides: Sequence[Override] = ()) -> Experiment:
+#: Told what :func:`check_experiment` is doing before each step that can take seconds
+#: (asking a launcher's engine, measuring a source's prompts): one line, e.g.
+#: ``"measuring the prompts of load.source (experiments/sources/requests.jsonl) with the target's tokenizer"``.
+Progress = Callable[[str], None]
+
+
+def load_experiment(path: str | Path, overrides: Sequence[Override] = (), progress: Progress | None = None) -> Experiment:
     """Parse and validate an experiment without starting anything (see module doc), with
     ``overrides`` (:mod:`harness.experiment.overrides`) applied to its
-    ``configuration.specchaos`` before it is validated.
+    ``configuration.specchaos`` before it is validated; ``progress`` is told each slow step
+    (:data:`Progress`).
 
     Raises:
         ExperimentError: malformed file, unknown fault/role/argument, missing control,
@@ -304,11 +311,11 @@ def load_experiment(path: str | Path, overrides: Sequence[Override] = ()) -> Exp
         StackError: an explicitly configured port is already in use.
     """
     path = Path(path)
-    return check_experiment(parse_file(path), path, overrides=overrides)
+    return check_experiment(parse_file(path), path, overrides=overrides, progress=progress)
 
 
 def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[Override] = (),
-                     configuration: dict[str, Any] | None = None) -> Experiment:
+                     configuration: dict[str, Any] | None = None, progress: Progress | None = None) -> Experiment:
     """Validate a parsed experiment document (every step of :func:`load_experiment` after
     parsing). ``path`` names the document in error messages: the file, or under plain
     ``chaos run`` (which hands the control the document, not its path) a label.
@@ -318,6 +325,7 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
             of ``configuration.specchaos_set`` (ranked between the environment and ``--set``).
         configuration: the configuration as Chaos Toolkit resolved it (``chaos run --var``
             included); default: resolved here from the document.
+        progress: told each slow step before it starts (:data:`Progress`).
 
     Returns:
         The experiment; its ``doc`` carries the block with the overrides applied, and
@@ -326,8 +334,10 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
     Raises:
         ExperimentError, ModelError, StackError: as :func:`load_experiment`.
         SourceError: a bad ``load.source`` (:func:`harness.load.source_prep.prepare_source`),
-            naming ``FILE:LINE``.
+            naming the experiment, the field and ``FILE:LINE`` (``exp.yaml:
+            configuration.specchaos.load.source.path: FILE: no such file``).
     """
+    tell = progress or (lambda _line: None)
     check_keys(doc, str(path))   # a misspelt key would be ignored by Chaos Toolkit: refused here
     faults = list(fault_activities(doc, where=str(path)))   # before Chaos Toolkit: errors name the field
     try:
@@ -391,12 +401,20 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process), or judge a "
                                    "sustained load with soak.enabled: true")
-    launcher_class(cfg.stack.launcher).preflight(cfg.stack, where=f"{path}: configuration.specchaos.stack")
+    launcher = launcher_class(cfg.stack.launcher)
+    tell(f"checking the stack before anything starts (the {cfg.stack.launcher} launcher, which "
+         f"{launcher.summary}: models, ports and what it needs of the host or its engine)")
+    launcher.preflight(cfg.stack, where=f"{path}: configuration.specchaos.stack")
     requests = None
     if cfg.load.source is not None:   # read, measured and bucketed now: a bad source starts nothing
-        requests = prepare_source(cfg.load, Path.cwd(), max_model_len=cfg.stack.max_model_len,
-                                  tokenizer_dir=resolve_models(cfg.stack,
-                                                               where=f"{path}: configuration.specchaos.stack").target)
+        tokenizer = resolve_models(cfg.stack, where=f"{path}: configuration.specchaos.stack").target
+        tell(f"measuring the prompts of load.source ({cfg.load.source.path}) with the target's tokenizer")
+        try:
+            requests = prepare_source(cfg.load, Path.cwd(), max_model_len=cfg.stack.max_model_len,
+                                      tokenizer_dir=tokenizer)
+        except SourceError as exc:   # the file's own FILE:LINE, after the experiment and the field
+            raise SourceError(exc.message, where=f"{path}: configuration.specchaos.load.source.path: {exc.where}",
+                              hint=exc.hint, details=exc.details) from None
         _check_source_classes(cfg, requests, where=f"{path}: configuration.specchaos.acceptance_floor")
     return Experiment(path=Path(path), doc=doc, cfg=cfg, faults=[f for _, _, f in faults],
                       method_hold_s=method_hold_s(doc), overrides=sorted(ovs, key=lambda o: o.rank),

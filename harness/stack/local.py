@@ -72,7 +72,6 @@ from harness.timeline import Timeline
 __all__ = ["LocalServer", "LocalStack", "ProcessIncarnation", "settings_of", "STOP_GRACE_NOT_READY_S",
            "ORPHAN_GRACE_S", "RESPECULATE_GRACE_S"]
 
-log = logging.getLogger(__name__)
 
 
 class ProcessIncarnation(Incarnation):
@@ -164,6 +163,12 @@ class LocalStack:
     #: (a fake vLLM in tests) only overrides this.
     server_class: type[VllmServer] = LocalServer
 
+    @property
+    def _log(self) -> logging.Logger:
+        """The logger of the launcher's own module (``harness.stack.container`` for the Docker
+        launcher, which inherits this start and stop), so a log line names who started what."""
+        return logging.getLogger(type(self).__module__)
+
     def __init__(self, cfg: StackConfig, run_dir: str | os.PathLike, timeline: Timeline | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -242,7 +247,7 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
-        log.info("stack ready in %.1f s: %s", time.monotonic() - t0,
+        self._log.info("stack ready in %.1f s: %s", time.monotonic() - t0,
                  ", ".join(f"{n}={s.base_url}" for n, s in self.servers.items()))
 
     def new_server(self, name: str, vllm_spec: VllmSpec, **kw: Any) -> VllmServer:
@@ -274,7 +279,7 @@ class LocalStack:
             servers = list(self.servers.values())
         pending = [s for s in servers if not s._stop_requested.is_set()]
         if pending:
-            log.info("stopping the stack: %s", ", ".join(s.name for s in pending))
+            self._log.info("stopping the stack: %s", ", ".join(s.name for s in pending))
         for s in servers:
             s.request_stop()
         for s in servers:

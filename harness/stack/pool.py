@@ -23,7 +23,8 @@ and stops it, exactly as before. :class:`StackPool` is the provider of the pytes
   the speculative settings it was started with (a server a run left on others — a breaker's
   plain decoding, a swap not rolled back — is restarted on them when the stack is next
   acquired, not at release: a stack nobody borrows again costs no restart; the run's
-  ``stack_pooled`` event then says ``restored: true``), and each server answers
+  ``stack_pooled`` event then says ``restored: true``; it carries each server's start-up as
+  ``startup_s``, measured when the pool started the stack), and each server answers
   ``GET /health`` 200 and a 1-token greedy completion within :data:`PROBE_TIMEOUT_S`. A healthy supervised restart
   is fine: the next run gets the whole ``restart.max_restarts`` budget again; a server still
   restarting when its run ends clean is waited for at release (its startup wait at most: a
@@ -108,6 +109,9 @@ class _Pooled:
     clean: bool = True
     uses: int = 1
     log_offsets: dict[str, tuple[Path, int]] = field(default_factory=dict)
+    #: each server's start-up (s) when the pool started the stack: a reusing run's
+    #: ``stack_pooled`` event carries it (start-up-relative recovery limits resolve against it)
+    startup_s: dict[str, float] = field(default_factory=dict)
 
 
 class StackPool:
@@ -142,7 +146,7 @@ class StackPool:
                     _take_run_settings(p.stack, cfg)
                     p.log_offsets = _log_offsets(p.stack)
                     timeline.emit("stack", "stack_pooled", key=key[:12], uses=p.uses, starts=self.starts,
-                                  stack_dir=str(p.stack_dir), restored=restored)
+                                  stack_dir=str(p.stack_dir), restored=restored, startup_s=p.startup_s)
                     log.info("reusing the started stack %s (use %d)", p.stack_dir.name, p.uses)
                     return p.stack
                 log.info("not reusing the stack %s: %s; starting a fresh one", p.stack_dir.name, why)
@@ -163,6 +167,8 @@ class StackPool:
             self.starts += 1
             p = _Pooled(key, stack, stack_dir, RunState(stack_dir), Timeline(stack_dir / "timeline.jsonl"))
             p.log_offsets = {name: (path, 0) for name, (path, _) in _log_offsets(stack).items()}
+            p.startup_s = {e["server"]: e["startup_s"] for e in timeline.select("stack", "server_ready", incarnation=0)
+                           if e.get("server") and e.get("startup_s") is not None}
             _sync_state(p)
             self._pooled.append(p)
             timeline.emit("stack", "stack_pooled", key=key[:12], uses=1, starts=self.starts, stack_dir=str(stack_dir))

@@ -38,7 +38,9 @@ def test_a_freeze_is_a_hang_detected_at_its_start_plus_the_limit():
     assert s["detected_after_fault_s"] == pytest.approx(start + 5.0 - FAULT)
     assert s["in_flight_at_detection"] == 4 and s["stalls_over_limit"] == 1
     assert s["longest_stall_ended_by"] == "output"
-    assert f"hang detected at {s['detected_at']:.3f}" in c.detail and "4 request(s) in flight" in c.detail
+    # instants relative to the fault, not epoch seconds (the report keeps those)
+    assert c.detail.startswith(f"hang detected at fault +{s['detected_after_fault_s']:.1f} s: 4 request(s) in flight, "
+                               f"no output token since fault {start - FAULT:+.2f} s;")
 
 
 
@@ -96,3 +98,14 @@ def test_check_and_section_through_a_recorded_run():
     sec = hang.section(run)
     assert c.passed is False and sec["max_stall_s"] == 5.0 and sec["measured_from"] == FAULT
     assert sec["detected_after_fault_s"] == pytest.approx(5.0, abs=GAP)
+
+
+def test_an_instant_reads_by_phase_then_by_fault_then_epoch():
+    from harness.checks.base import instant
+
+    windows = {"baseline": (900.0, 1000.0), "fault": (1000.0, 1020.0), "recovery": (1020.0, 1030.0)}
+    assert instant(1025.42, 1000.0, windows) == "recovery +5.4 s"
+    assert instant(1000.004, 1000.0, windows) == "fault +0.00 s"
+    assert instant(899.5, None, windows) == "baseline -0.50 s"   # before the first phase
+    assert instant(1796478303.759, 1796478298.7) == "fault +5.1 s"
+    assert instant(1796478303.759) == "epoch 1796478303.759"

@@ -2,7 +2,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.checks.recovery import first_slo_window_end, recovery_checks, recovery_times, resolution, time_to_healthy
+from harness.checks import recovery
+from harness.checks.base import RecordedRun
+from harness.checks.recovery import (first_slo_window_end, measured_startup_s, recovery_checks, recovery_times, resolution,
+                                     time_to_healthy)
 from harness.checks.config import RecoveryConfig
 from tests.asserts import assert_failed
 from tests.factories import ev, fail, make_record
@@ -205,3 +208,69 @@ def test_probes_waiting_in_a_backlog_watch_the_server_until_it_answers():
     # without the waiting probes (answered one by one at 4 Hz) the doubt is the whole 0.4 s
     sparse = evs[:41] + [ev(1030.4, "health", source="health", server="spec", status=200, latency_s=0.001)]
     assert resolution([], sparse, FAULT)["time_to_healthy_s"] == pytest.approx(0.399, abs=1e-6)
+
+
+# --------------------------------------------------------------- limits relative to the measured start-up
+
+def _run_with_startup(startup_s: float, healthy_after_s: float, limits: dict) -> RecordedRun:
+    """A kill at FAULT on a stack whose speculative server started in ``startup_s`` (its
+    ``server_ready`` before the fault), healthy again ``healthy_after_s`` later."""
+    from harness.experiment.config import SpecchaosConfig
+
+    events = [ev(FAULT - 100, "server_ready", source="stack", server="spec", incarnation=0, startup_s=startup_s),
+              ev(FAULT + 0.1, "server_exited", source="stack", server="spec", returncode=-9),
+              health(FAULT + healthy_after_s, 200),
+              # the restart's own start-up is the recovery, not the host's speed: never the reference
+              ev(FAULT + healthy_after_s - 1, "server_ready", source="stack", server="spec", incarnation=1,
+                 startup_s=healthy_after_s - 2)]
+    cfg = SpecchaosConfig.model_validate({"recovery": limits})
+    return RecordedRun(records=[], reference={}, events=sorted(events, key=lambda e: e["t"]), limits=cfg,
+                       faults=[{"injected_at": FAULT, "cleared_at": FAULT, "kind": "process_kill"}])
+
+
+def test_a_slow_host_passes_a_start_up_relative_limit_and_the_report_says_how_it_was_derived():
+    run = _run_with_startup(60.0, 80.0, {"time_to_healthy_s": {"startup_factor": 1.5}})
+    c = by_name(recovery.check(run))["recovery.time_to_healthy_s"]
+    assert (c.passed, c.observed, c.limit) == (True, pytest.approx(80.0), pytest.approx(90.0))
+    assert c.detail == "health 200 after 80 s (≤ 90 s = 1.5 × start-up 60.0 s)"
+    sec = recovery.section(run)
+    assert sec["startup_s"] == 60.0
+    assert sec["limits"]["time_to_healthy_s"] == {"limit_s": 90.0, "derived": "1.5 × start-up 60.0 s"}
+    assert sec["limits"]["time_to_slo_s"] == {"limit_s": 180.0, "derived": "configured"}
+
+
+def test_a_regression_fails_a_start_up_relative_limit():
+    run = _run_with_startup(20.0, 80.0, {"time_to_healthy_s": {"startup_factor": 1.5}})
+    c = by_name(recovery.check(run))["recovery.time_to_healthy_s"]
+    assert c.passed is False
+    assert (c.limit, c.detail) == (pytest.approx(30.0), "health 200 after 80 s (> 30 s = 1.5 × start-up 20.0 s)")
+
+
+def test_start_up_plus_seconds_and_both_forms():
+    run = _run_with_startup(20.0, 45.0, {"time_to_healthy_s": {"startup_plus_s": 30},
+                                         "time_to_slo_s": {"startup_factor": 2, "startup_plus_s": 10}})
+    checks = by_name(recovery.check(run))
+    assert checks["recovery.time_to_healthy_s"].passed is True and checks["recovery.time_to_healthy_s"].limit == 50.0
+    assert "= start-up 20.0 s + 30 s" in checks["recovery.time_to_healthy_s"].detail
+    assert checks["recovery.time_to_slo_s"].limit == 50.0   # 2 × 20 + 10; never reached (no records)
+    assert checks["recovery.time_to_slo_s"].passed is False
+
+
+def test_without_a_measured_start_up_a_relative_limit_is_not_judged_and_a_pooled_stack_carries_its_own():
+    checks = recovery_checks({"time_to_healthy_s": 80.0}, RecoveryConfig(time_to_healthy_s={"startup_factor": 1.5}))
+    c = by_name(checks)["recovery.time_to_healthy_s"]
+    assert c.passed is None and c.limit is None
+    assert c.detail.startswith("not judged: the limit is 1.5 × start-up, and this run measured no start-up")
+    pooled = [ev(900, "stack_pooled", source="stack", uses=2, startup_s={"spec": 41.5, "ref": 30.0})]
+    assert measured_startup_s(pooled, FAULT) == 41.5
+    assert measured_startup_s([], FAULT) is None
+
+
+def test_a_relative_limit_needs_a_factor_or_seconds():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="give startup_factor"):
+        RecoveryConfig(time_to_healthy_s={})
+    with pytest.raises(ValidationError):
+        RecoveryConfig(time_to_healthy_s={"startup_factor": 0})
+    assert RecoveryConfig(time_to_healthy_s=45).time_to_healthy_s == 45.0

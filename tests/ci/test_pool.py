@@ -78,6 +78,9 @@ class StubStack:
         for s in self.servers.values():
             s.timeline = self.timeline
             s.log_path.write_text(f"{s.name} started\n")
+            if self.timeline is not None:   # as the supervisor records a start
+                self.timeline.emit("stack", "server_ready", server=s.name, incarnation=0,
+                                   startup_s={"spec": 12.5, "ref": 9.0}[s.name])
         StubStack.started.append(self)
 
     def stop(self) -> None:
@@ -121,6 +124,7 @@ def test_same_stack_block_starts_once_and_each_run_gets_its_log_slice(pool, tmp_
     assert pool.probed == ["spec", "ref"]   # both servers probed before the reuse
     pooled = [e for e in read_timeline(dir_b / "timeline.jsonl") if e["event"] == "stack_pooled"]
     assert pooled and pooled[0]["uses"] == 2 and pooled[0]["starts"] == 1
+    assert pooled[0]["startup_s"] == {"spec": 12.5, "ref": 9.0}   # the start-up the first run measured
     assert [e["event"] for e in read_timeline(dir_b / "timeline.jsonl")].count("server_note") == 2
     log_a = (dir_a / "logs" / "spec-server.log").read_text()
     log_b = (dir_b / "logs" / "spec-server.log").read_text()

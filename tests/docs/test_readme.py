@@ -1,5 +1,7 @@
 """The README is one screen of a newcomer's first hour: short, its relative links resolve,
-and the minimal experiment it shows is the shipped ``experiments/minimal.yaml``."""
+and the minimal experiment it shows is the shipped ``experiments/minimal.yaml``. Every vLLM
+server command the README, the docs and the experiments' comments show runs the project's
+virtualenv's python and listens on the loopback only."""
 
 from __future__ import annotations
 
@@ -65,3 +67,31 @@ def test_the_readme_shows_the_shipped_minimal_experiment():
     shipped = MINIMAL.read_text(encoding="utf-8")
     assert shipped in blocks, "the README's minimal experiment differs from experiments/minimal.yaml"
     assert len(shipped.splitlines()) <= 35
+
+
+#: A command line that starts vLLM's OpenAI server (continuation lines joined).
+_SERVER_COMMAND = re.compile(r"(?:^|(?<=`))[^`\n]*-m vllm\.entrypoints\.openai\.api_server(?:[^`\n]*\\\n)*[^`\n]*",
+                             re.M)
+
+
+def server_commands() -> dict[str, list[str]]:
+    """Every command in the docs, the README and the experiments' comments that starts vLLM's
+    OpenAI server: ``{file: [command, ...]}`` (a process named in a sentence is no command)."""
+    files = [README, *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "experiments").rglob("*.yaml"))]
+    out = {}
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        if f.suffix == ".yaml":   # comments: "# ..." lines, joined into one
+            text = " ".join(line.lstrip("# ").rstrip() for line in text.splitlines() if line.lstrip().startswith("#"))
+        found = [m.group(0) for m in _SERVER_COMMAND.finditer(text) if "--model" in m.group(0)]
+        if found:
+            out[str(f.relative_to(ROOT))] = found
+    return out
+
+
+def test_every_server_command_shown_uses_the_venvs_python_on_the_loopback():
+    commands = server_commands()
+    assert {"docs/guides/external-endpoint.md", "experiments/external-endpoint.yaml"} <= set(commands)
+    bad = {f: c for f, cs in commands.items() for c in cs
+           if ".venv/bin/python -m vllm" not in c or "--host 127.0.0.1" not in c}
+    assert not bad, bad

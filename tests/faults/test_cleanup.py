@@ -6,11 +6,13 @@ from typing import Any, ClassVar
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from faults.base import Fault, FaultParams
 from faults.cleanup import cleanup
 from faults.ledger import Ledger
 from faults.registry import REGISTRY
+from harness.cli import app
 
 from .conftest import alive, dead_owner
 
@@ -98,8 +100,18 @@ def test_live_run_is_left_alone_unless_forced(fake_vllm, tmp_path):
     state = write_state(tmp_path, "live1", (me.pid, me.create_time()), [procs[0]])
 
     r = cleanup(tmp_path)
-    assert r == {"runs": 0, "killed": [], "faults_reverted": [], "containers_removed": [], "skipped_live_runs": ["live1"], "errors": []}
+    whose = {"run_id": "live1", "owner_pid": me.pid, "owner_cwd": os.getcwd(), "out_dir": str(tmp_path)}
+    assert r == {"runs": 0, "killed": [], "faults_reverted": [], "containers_removed": [], "skipped_live_runs": [whose],
+                 "errors": []}
     assert all(alive(*p) for p in procs) and state.exists()
+    # the command's line says whose run it left alone (the state file's owner_cwd when it has one)
+    data = json.loads(state.read_text())
+    state.write_text(json.dumps({**data, "owner_cwd": "/work/wt/other-checkout"}))
+    res = CliRunner().invoke(app, ["cleanup", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert " ".join(res.output.split()) == (f"cleanup: 0 crashed run(s) cleaned; killed 0 process(es); reverted 0 fault(s); "
+                                  f"skipped live run(s): live1 (pid {me.pid} in /work/wt/other-checkout, output "
+                                  f"{tmp_path}) (their owners still run; --force tears them down too)")
 
     r = cleanup(tmp_path, force=True, grace_s=2)
     assert r["runs"] == 1 and sorted(r["killed"]) == sorted(p for p, _ in procs)

@@ -146,3 +146,33 @@ def test_validate_refuses_an_image_or_cpus_the_engine_lacks(tmp_path, docker_eng
 def test_cpuset_cpus_takes_a_number_and_names_its_cpus():
     assert DockerConfig(cpuset_cpus=1).cpuset_cpus == "1"
     assert DockerConfig(cpuset_cpus="0-2,5").cpus() == {0, 1, 2, 5} and DockerConfig().cpus() == set()
+
+
+class _StubServer:
+    """What LocalStack.stop asks of a server."""
+
+    def __init__(self, name: str):
+        import threading
+
+        self.name, self._stop_requested = name, threading.Event()
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
+    def finish_stop(self, timeout_s: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("launcher, logger", [("local", "harness.stack.local"), ("docker", "harness.stack.container")])
+def test_each_launcher_logs_under_its_own_module(tmp_path, caplog, launcher, logger):
+    """The Docker launcher inherits LocalStack's start and stop; its lines name it, not the local one."""
+    import logging
+
+    from harness.stack.config import StackConfig
+    from harness.stack.launchers import launcher_class
+
+    stack = launcher_class(launcher)(StackConfig(models_dir=str(tmp_path)), tmp_path / "run")
+    stack.servers = {"spec": _StubServer("spec")}
+    caplog.set_level(logging.INFO)
+    stack.stop()
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [(logger, "stopping the stack: spec")]
