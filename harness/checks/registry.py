@@ -59,8 +59,8 @@ CHECKS: dict[str, CheckFamily] = {f.name: f for f in (
 #: ``report.json`` keys the judge itself writes: no check family may be named like one
 #: (its section would collide with them).
 RESERVED_NAMES = frozenset({
-    "schema_version", "experiment", "verdict", "stack", "faults", "phases", "checks", "requests", "restarts",
-    "errors", "interrupted", "fault_time", "fault_evidence", "server_events", "journal_status", "steady_state",
+    "schema_version", "required", "experiment", "verdict", "stack", "faults", "phases", "checks", "requests",
+    "restarts", "errors", "interrupted", "fault_time", "fault_evidence", "server_events", "journal_status", "steady_state",
     "generated_at", "method_skipped", "source"})
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.report.json_report import SCHEMA_VERSION
 
-__all__ = ["Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "report_schema",
+__all__ = ["Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "Required", "report_schema",
            "REPORT_SCHEMA_ID"]
 
 #: ``$id`` of the published schema.
@@ -251,6 +251,27 @@ class Steps(_Open):
     steps: list[Step] = Field(default_factory=list)
 
 
+class RequiredCheck(_Open):
+    """One required check (:mod:`harness.checks.required`): a family, category or check
+    name, why it is required (``judge.required`` or ``default for <fault kind>``), whether
+    the run judged it, how many of the run's checks belong to it, and why not."""
+
+    name: str
+    why: str | None = None
+    judged: bool
+    checks: int | None = None
+    reason: str | None = None
+
+
+class Required(_Open):
+    """What the experiment exists to judge: ``judged`` of ``of`` required checks were
+    judged; one that was not makes the verdict ``error``."""
+
+    judged: int
+    of: int
+    checks: list[RequiredCheck] = Field(default_factory=list)
+
+
 class OverrideRecord(_Open):
     path: str
     value: Any = None
@@ -281,6 +302,7 @@ class Report(_Open):
     acceptance_floor: AcceptanceFloor | None = None
     speculation: Speculation | None = None
     steps: Steps | None = None
+    required: Required | None = None
     generated_at: float | None = None
     source: str | None = None
     overrides: list[OverrideRecord] = Field(default_factory=list)

@@ -10,7 +10,10 @@ client-side acceptance per prompt bucket × sampling class × phase, speculative
 ``/metrics`` counted it (acceptance rate, mean acceptance length, per-position acceptance)
 with each server's RSS swing, recovery times, integrity counts, then every check
 with PASS/FAIL (or N/J: not judged, with the reason) and observed vs limit, failed first,
-then not judged. Reads only the report dict.
+then not judged (the GPU checks a host without a GPU could not judge in one row). It ends,
+as pytest ends with its summary line, with the closing lines: the run errors, the required
+checks (judged N of M, each one not judged with its reason), the failed checks, and last
+the verdict with the exit code. Reads only the report dict.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["render_summary", "print_summary"]
+from harness.checks.verdict import EXIT_CODES
+
+__all__ = ["render_summary", "print_summary", "required_line"]
 
 _PHASES = ("baseline", "fault", "recovery", "after")
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "aborted": "bold red", "error": "bold yellow"}
@@ -68,8 +73,6 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     workload = workload_line(report.get("load"))
     if workload:
         t.append("\n" + workload, style="dim")
-    for e in report.get("errors") or []:
-        t.append(f"\nerror: {e}", style="yellow")
     if report.get("interrupted"):
         t.append("\ninterrupted", style="yellow")
     ab = (report.get("safeguards") or {}).get("abort")
@@ -314,11 +317,24 @@ def _class_line(section: dict[str, Any]) -> str:
     return f"{section.get('responses', 0)} responses" + ("; " + ", ".join(parts) if parts else "")
 
 
+def _collapse_gpu(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPU checks not judged for one reason (a host without a GPU) as one row."""
+    nj = [c for c in checks if c.get("category") == "gpu" and c.get("passed") is None]
+    reasons = {str(c.get("detail") or "") for c in nj}
+    if len(nj) < 2 or len(reasons) != 1:
+        return checks
+    row = {"name": f"gpu.* ({len(nj)} checks)", "category": "gpu", "passed": None, "observed": None, "limit": None,
+           "detail": reasons.pop()}
+    first = checks.index(nj[0])
+    rest = [c for c in checks if c not in nj]
+    return [*rest[:first], row, *rest[first:]]
+
+
 def _checks_table(report: dict[str, Any]) -> Table:
     tab = Table(title="checks (failed first; N/J = not judged, neither passed nor failed)", title_justify="left")
     for col in ("", "check", "observed", "limit", "detail"):
         tab.add_column(col, overflow="fold")
-    checks = list(report.get("checks") or [])
+    checks = _collapse_gpu(list(report.get("checks") or []))
     rank = {False: 0, None: 1, True: 2}
     checks.sort(key=lambda c: rank[None if c.get("passed") is None else bool(c.get("passed"))])  # stable
     for c in checks:
@@ -427,7 +443,37 @@ def render_summary(report: dict[str, Any]) -> RenderableType:
     for optional in (_steps_table(report), _speculation_table(report), _mirror_table(report)):
         if optional is not None:
             parts.append(optional)
-    return Group(*parts, _recovery_integrity(report), _checks_table(report))
+    return Group(*parts, _recovery_integrity(report), _checks_table(report), _closing(report))
+
+
+def required_line(report: dict[str, Any]) -> str | None:
+    """``"required: judged N of M (names)"`` from ``report["required"]``; None without it."""
+    req = report.get("required")
+    if not isinstance(req, dict) or not req.get("of"):
+        return None
+    names = ", ".join(str(r.get("name")) for r in req.get("checks") or [])
+    return f"required: judged {req.get('judged', 0)} of {req['of']} ({names})"
+
+
+def _closing(report: dict[str, Any]) -> Text:
+    """The last lines on screen: run errors, required checks, failed checks, then the
+    verdict with its exit code."""
+    v = str(report.get("verdict", "?"))
+    t = Text("\n" + "─" * 40 + "\n", style="dim")
+    for e in report.get("errors") or []:
+        t.append(f"error: {e}\n", style="yellow")
+    line = required_line(report)
+    if line:
+        t.append(line + "\n")
+    failed = [c for c in report.get("checks") or [] if c.get("passed") is False]
+    for c in failed:
+        t.append("FAIL ", style="bold red")
+        t.append(f"{c.get('name')}: {c.get('detail') or ''}\n")
+    t.append(v.upper(), style=_VERDICT_STYLE.get(v, "bold"))
+    t.append(f"  {report.get('experiment', '')}: {len(failed)} failed check(s), "
+             f"{sum(1 for c in report.get('checks') or [] if c.get('passed') is None)} not judged; "
+             f"exit code {EXIT_CODES.get(v, 2)}")
+    return t
 
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:

@@ -182,3 +182,29 @@ def test_a_swing_check_on_too_few_samples_shows_n_j_never_pass(tmp_path):
     assert len(rows) == 1 and rows[0].lstrip("│ ").startswith("N/J"), rows
     assert "PASS" not in rows[0] and "not judged: no RSS of one server process tree" in rows[0]
     assert text.startswith("PASS")
+
+
+def test_the_summary_ends_with_the_failed_checks_the_required_count_and_the_verdict_with_its_exit_code():
+    rep = {**REPORT, "required": {"judged": 2, "of": 3, "checks": [
+        {"name": "recovery", "judged": True}, {"name": "fail_fast", "judged": True},
+        {"name": "integrity", "judged": False, "reason": "no reference server"}]},
+        "errors": ["required check integrity not judged: no reference server"], "verdict": "error"}
+    lines = [ln for ln in render(rep).rstrip().splitlines() if ln.strip()]
+    assert lines[-1].startswith("ERROR  kill the draft worker: 1 failed check(s), 0 not judged; exit code 2")
+    assert lines[-2] == "FAIL recovery.time_to_slo_s: never recovered (slo not reached)"
+    assert lines[-3] == "required: judged 2 of 3 (recovery, fail_fast, integrity)"
+    assert lines[-4] == "error: required check integrity not judged: no reference server"
+    assert render(REPORT).rstrip().splitlines()[-1].endswith("exit code 1")
+
+
+def test_gpu_checks_not_judged_for_one_reason_collapse_into_one_row():
+    why = "not judged: no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)"
+    gpu = [{"name": f"gpu.{k}", "category": "gpu", "passed": None, "observed": None, "limit": 1.0, "detail": why}
+           for k in ("temperature_c", "xid", "ecc", "throttle", "sm_clock_drop", "pcie")]
+    text = render({**REPORT, "checks": [*REPORT["checks"], *gpu]})
+    rows = [ln for ln in text.splitlines() if "gpu." in ln]
+    assert len(rows) == 1 and "gpu.* (6 checks)" in rows[0]
+    assert text.count("no NVIDIA GPU on this host") == 1
+    # judged GPU checks, or different reasons, stay one row each
+    mixed = [gpu[0], {**gpu[1], "passed": True, "detail": "ok"}]
+    assert len([ln for ln in render({**REPORT, "checks": mixed}).splitlines() if "gpu." in ln]) == 2
