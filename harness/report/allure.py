@@ -36,11 +36,13 @@ The result:
   (:func:`harness.report.summary.render_summary`), ``report.json``, the journal, the tail of
   each server log (``logs/*``).
 
-Next to it (:func:`write_results_metadata`): ``environment.properties`` (vLLM version,
-launcher, method, draft, k, host, Python) for the overview's Environment widget,
-``categories.json`` (:data:`CATEGORIES`: SLO, integrity, recovery, liveness and hang,
-speculation, harness error, matched on the failing checks' names that every failure
-message lists) and ``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
+Next to it (:func:`write_results_metadata`): ``environment.properties`` for the overview's
+Environment widget: per experiment its verdict with the exit code and the failed checks,
+the required checks judged (N of M), and the timeline (phases and faults, seconds from the
+first phase's start) (:func:`overview`), then the stack (vLLM version, launcher, method,
+draft, k, host, Python); ``categories.json`` (:data:`CATEGORIES`: SLO, integrity,
+recovery, liveness and hang, speculation, memory and drift, required check not judged,
+harness error, matched on the failing checks' names that every failure message lists) and ``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
 which names the build of each point of the Trend widget.
 
 Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
@@ -75,13 +77,15 @@ from allure_commons.utils import md5, uuid4
 from rich.console import Console
 
 from faults.registry import REGISTRY
+from harness.checks.verdict import EXIT_CODES
 from harness.metrics.phases import phase_windows
+from harness.report.prometheus import model_name
 from harness.report.summary import render_summary
 from harness.report.timeline_plot import PLOT_FILE, try_plot_timeline
 from harness.timeline import read_timeline
 
 __all__ = ["ALLURE_DIR_ENV", "RESULTS_DIR", "STATUS", "CATEGORIES", "allure_result", "write_allure_results",
-           "publish_allure", "history_id", "executor", "write_results_metadata", "merge_into"]
+           "publish_allure", "history_id", "executor", "write_results_metadata", "merge_into", "overview"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +135,10 @@ CATEGORIES: list[dict[str, Any]] = [
                                                 "RSS and KV-cache growth, latency drift, error bursts "
                                                 "(server_memory.*, soak.*)",
      "matchedStatuses": ["failed"], "messageRegex": _checks_named("server_memory", "soak")},
+    {"name": "required check not judged", "description": "what the experiment exists to judge was not judged "
+                                                         "(judge.required; verdict error): the run proves nothing "
+                                                         "about it",
+     "matchedStatuses": ["broken"], "messageRegex": r"(?s)(.*\n)?required check \S+ not judged:.*"},
     {"name": "harness error", "description": "the run could not be judged (verdict error): bad input, a stack that "
                                              "did not start, a fault without evidence, an interruption",
      "matchedStatuses": ["broken"]},
@@ -499,10 +507,66 @@ def executor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             "buildOrder": stamp}
 
 
+def _prop(text: str, key: bool = False) -> str:
+    """``text`` escaped for a Java ``.properties`` file (read as ISO-8859-1 by Allure):
+    backslashes, line breaks, non-ASCII as ``\\uXXXX``; in a key also spaces, ``:``, ``=``."""
+    out = []
+    for ch in str(text).replace("\n", " "):
+        if ch == "\\":
+            out.append("\\\\")
+        elif key and ch in " :=#!":
+            out.append("\\" + ch)
+        elif ord(ch) > 126:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _offset(t: float | None, t0: float | None) -> str:
+    return "?" if t is None or t0 is None else f"+{t - t0:.1f} s"
+
+
+def overview(report: dict[str, Any]) -> dict[str, str]:
+    """What the overview page says of one run (its Environment widget): ``verdict`` (the
+    verdict, the exit code and the failed checks), ``required`` (judged N of M, those not
+    judged) and ``timeline`` (each phase's start and length from the first phase's start,
+    and when each fault acted and was cleared)."""
+    v = str(report.get("verdict"))
+    failed = [str(c.get("name")) for c in report.get("checks") or [] if c.get("passed") is False]
+    out = {"verdict": f"{v.upper()} (exit code {EXIT_CODES.get(v, 2)}); "
+                      + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "no check failed")}
+    errors = [str(e) for e in report.get("errors") or []]
+    if errors:
+        out["errors"] = "; ".join(errors)
+    req = report.get("required") or {}
+    if req.get("of"):
+        missing = [f"{r.get('name')} ({r.get('reason')})" for r in req.get("checks") or [] if not r.get("judged")]
+        out["required"] = f"judged {req.get('judged', 0)} of {req['of']}" + (
+            f"; not judged: {', '.join(missing)}" if missing else "")
+    phases = report.get("phases") or {}
+    t0 = min((m.get("start") for m in phases.values() if m.get("start") is not None), default=None)
+    parts = [f"{ph} {_offset(m.get('start'), t0)} for {m.get('duration_s') or 0:.1f} s" for ph, m in phases.items()]
+    parts += [f"{f.get('kind')} on {f.get('target')} {_offset(f.get('injected_at'), t0)}"
+              + (f" to {_offset(f.get('cleared_at'), t0)}" if f.get("cleared_at") is not None else "")
+              + ("" if f.get("acted") else " (no evidence)") for f in report.get("faults") or []]
+    if parts:
+        out["timeline"] = "; ".join(parts)
+    return out
+
+
+#: The stack's keys of ``environment.properties`` (one value for every run in a results directory).
+_STACK_KEYS = ("vLLM", "launcher", "method", "draft", "k", "host", "python")
+
+
 def write_results_metadata(target: str | Path, report: dict[str, Any] | None = None) -> None:
     """Write Allure's files beside the results in ``target``: ``categories.json``,
-    ``executor.json`` and, given a report, ``environment.properties`` (the stack of that run;
-    the library has no writer for these)."""
+    ``executor.json`` and, given a report, ``environment.properties``: the stack of that run
+    (vLLM version, launcher, method, draft model name, k, host, Python) and, per
+    experiment, :func:`overview` as ``<experiment>: verdict`` etc. — the overview page's
+    Environment widget, so the page a person opens first says whether each run passed and
+    why. Another experiment's lines already in the file are kept (results of many runs
+    gathered in one directory); the library has no writer for these files."""
     t = Path(target)
     t.mkdir(parents=True, exist_ok=True)
     (t / "categories.json").write_text(json.dumps(CATEGORIES, indent=2) + "\n", encoding="utf-8")
@@ -513,10 +577,16 @@ def write_results_metadata(target: str | Path, report: dict[str, Any] | None = N
     stack = report.get("stack") or {}
     spec = stack.get("speculative") or {}
     env = {"vLLM": stack.get("vllm_version"), "launcher": stack.get("launcher"), "method": spec.get("method"),
-           "draft": spec.get("draft"), "k": spec.get("num_speculative_tokens"), "host": platform.node(),
-           "python": platform.python_version()}
-    lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in env.items() if v is not None]
-    (t / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+           "draft": model_name(spec.get("draft")) or None, "k": spec.get("num_speculative_tokens"),
+           "host": platform.node(), "python": platform.python_version()}
+    title = str(report.get("experiment") or "experiment")
+    mine = _prop(f"{title}: ", key=True)
+    path = t / "environment.properties"
+    kept = [ln for ln in (path.read_text(encoding="latin-1").splitlines() if path.is_file() else [])
+            if ln and not ln.startswith(mine) and ln.split("=", 1)[0] not in _STACK_KEYS]
+    mine_lines = [f"{mine}{_prop(k, key=True)}={_prop(v)}" for k, v in overview(report).items()]
+    lines = mine_lines + kept + [f"{k}={_prop(v)}" for k, v in env.items() if v is not None]
+    path.write_text("\n".join(lines) + "\n", encoding="latin-1")
 
 
 def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None,
