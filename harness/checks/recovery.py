@@ -33,12 +33,14 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from harness.checks.base import CheckResult
+from harness.checks.view import Table, View
 from harness.checks.base import RecordedRun
 from harness.checks.config import RecoveryConfig
 from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, percentiles, ttft_s
 
-__all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
+__all__ = ["summarize",
+           "MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
            "attempts", "resolution", "check", "section"]
 
 MIN_WINDOW_REQUESTS = 3
@@ -278,3 +280,18 @@ def section(run: RecordedRun) -> dict[str, Any]:
         else resolution(run.records, run.events, t)
     overall = res.pop("resolution_s")
     return {**_times(run), "measured_from": t, "resolution_s": overall, "resolution": res}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: the three times (``never`` when not
+    reached) and their resolution."""
+    if not sec:
+        return []
+    tab = Table("recovery", ["what", "value"], header=False)
+    for key, label in (("time_to_healthy_s", "time to healthy"), ("time_to_first_success_s", "time to first success"),
+                       ("time_to_slo_s", "time to SLO")):
+        v = sec.get(key)
+        tab.add(label, "never" if v is None else f"{v:.2f} s")
+    if sec.get("resolution_s") is not None:
+        tab.add("recovery resolution", f"{sec['resolution_s'] * 1000:.0f} ms")
+    return [tab]

@@ -78,9 +78,10 @@ from rich.console import Console
 
 from faults.registry import REGISTRY
 from harness.checks.verdict import EXIT_CODES
+from harness.checks.view import Line
 from harness.metrics.phases import phase_windows
 from harness.report.prometheus import model_name
-from harness.report.summary import render_summary
+from harness.report.summary import family_views, phase_figures, render_summary
 from harness.report.timeline_plot import PLOT_FILE, try_plot_timeline
 from harness.timeline import read_timeline
 
@@ -207,13 +208,13 @@ def _status_details(report: dict[str, Any]) -> StatusDetails | None:
     verdict = report.get("verdict")
     failing = _failing_lines(report)
     errors = [str(e) for e in report.get("errors") or []]
-    abort = ((report.get("safeguards") or {}).get("abort") or {}).get("reason")
+    alerts = [v.text for v in family_views(report) if isinstance(v, Line) and v.style == "alert"]   # an abort
     if verdict == "pass":
         return None
     if verdict == "error":
         lines = errors or ["the run could not be judged"]
         return StatusDetails(message="\n".join(lines), trace="\n".join(lines + failing) or None)
-    lines = ([abort] if abort else []) + (failing or [f"verdict {verdict}"])
+    lines = alerts + (failing or [f"verdict {verdict}"])
     return StatusDetails(message="\n".join(lines), trace="\n".join(lines + errors) or None)
 
 
@@ -269,18 +270,19 @@ _TABLE = [("duration_s", "duration_s", None), ("requests", "requests", None), ("
 
 def phase_table_csv(report: dict[str, Any]) -> str:
     """The per-phase table as CSV: one row per phase (start and end epoch seconds, the
-    figures of :data:`_TABLE`, and the speculative server's acceptance rate from vLLM's
-    counters); empty cells where the report has no value."""
+    figures of :data:`_TABLE`, then the check families' per-phase figures
+    (:func:`harness.report.summary.phase_figures`, e.g. the speculative server's acceptance
+    rate from vLLM's counters); empty cells where the report has no value."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["phase", "start", "end", *(h for h, _, _ in _TABLE), "acceptance_rate"])
-    spec = (((report.get("speculation") or {}).get("servers") or {}).get("spec") or {}).get("phases") or {}
+    figures = phase_figures(report)
+    w.writerow(["phase", "start", "end", *(h for h, _, _ in _TABLE), *figures])
     for ph, m in (report.get("phases") or {}).items():
         cells = []
         for _, field, q in _TABLE:
             v = m.get(field)
             cells.append((v or {}).get(q) if q else v)
-        cells.append((spec.get(ph) or {}).get("acceptance_rate"))
+        cells += [f.get(ph) for f in figures.values()]
         w.writerow([ph, m.get("start"), m.get("end"), *("" if v is None else (f"{v:.6g}" if isinstance(v, float)
                                                                                else v) for v in cells)])
     return buf.getvalue()
