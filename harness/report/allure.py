@@ -80,6 +80,7 @@ from faults.registry import REGISTRY
 from harness.checks.verdict import EXIT_CODES
 from harness.checks.view import Line
 from harness.metrics.phases import phase_windows
+from harness.report.json_report import read_report
 from harness.report.prometheus import model_name
 from harness.report.summary import family_views, phase_figures, render_summary
 from harness.report.timeline_plot import PLOT_FILE, try_plot_timeline
@@ -611,9 +612,10 @@ def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = No
     """
     d = Path(run_dir)
     if report is None:
-        report = _read_json(d / "report.json")
-        if not isinstance(report, dict):
-            raise ValueError(f"{d / 'report.json'}: no readable report to publish")
+        try:   # read as its typed view: a file without the shape of a report is refused here
+            report = read_report(d / "report.json").to_dict()
+        except (OSError, ValueError) as exc:   # pydantic's ValidationError is a ValueError
+            raise ValueError(f"{d / 'report.json'}: no readable report to publish ({exc})") from exc
     if journal is None and (d / "journal.json").is_file():
         journal = _read_json(d / "journal.json")
     plot, plot_error = try_plot_timeline(d, title=str(report.get("experiment") or d.name))

@@ -75,10 +75,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.checks.base import CheckResult
+from harness.report.schema import SCHEMA_VERSION, Report
 
 __all__ = ["SCHEMA_VERSION", "jsonable", "build_report", "write_report", "read_report"]
-
-SCHEMA_VERSION = 1
 
 
 def jsonable(value: Any) -> Any:
@@ -151,6 +150,12 @@ def write_report(path: str | os.PathLike, report: dict[str, Any]) -> Path:
     return p
 
 
-def read_report(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a ``report.json``."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+def read_report(path: str | os.PathLike) -> Report:
+    """Load a ``report.json`` as its typed view (:class:`harness.report.schema.Report`;
+    ``.to_dict()`` gives the plain JSON back).
+
+    Raises:
+        OSError: the file cannot be read; ValueError: not JSON;
+        pydantic.ValidationError: JSON without the shape of a report.
+    """
+    return Report.model_validate_json(Path(path).read_text(encoding="utf-8"))

@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.report.json_report import SCHEMA_VERSION
 
-__all__ = ["Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "Required", "report_schema",
+__all__ = ["SCHEMA_VERSION", "Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "Required", "report_schema",
            "REPORT_SCHEMA_ID"]
+
+#: The report's ``schema_version``: raised when a field changes meaning or goes away.
+SCHEMA_VERSION = 1
 
 #: ``$id`` of the published schema.
 REPORT_SCHEMA_ID = f"urn:specchaos:schema:report:v{SCHEMA_VERSION}"
@@ -306,6 +308,19 @@ class Report(_Open):
     generated_at: float | None = None
     source: str | None = None
     overrides: list[OverrideRecord] = Field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as ``report.json`` holds it: every field it was read with, by its JSON
+        name (``p99.9``, ``from``); fields absent from the file stay absent."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def failed_checks(self) -> list[Check]:
+        """The checks that failed (``passed`` false), in report order."""
+        return [c for c in self.checks if c.passed is False]
+
+    def not_judged(self) -> list[Check]:
+        """The checks that were not judged (``passed`` null), in report order."""
+        return [c for c in self.checks if c.passed is None]
 
 
 def report_schema() -> dict[str, Any]:

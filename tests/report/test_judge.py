@@ -135,7 +135,7 @@ def test_clean_kill_and_restart_passes_with_full_schema(tmp_path):
 
     # strict JSON round trip
     p = write_report(d / "report.json", rep)
-    assert read_report(p) == json.loads(json.dumps(rep))
+    assert read_report(p).to_dict() == json.loads(json.dumps(rep))
 
 
 def test_fault_without_evidence_is_error(tmp_path):
