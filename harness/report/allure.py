@@ -42,7 +42,8 @@ the required checks judged (N of M), and the timeline (phases and faults, second
 first phase's start) (:func:`overview`), then the stack (vLLM version, launcher, method,
 draft, k, host, Python); ``categories.json`` (:data:`CATEGORIES`: SLO, integrity,
 recovery, liveness and hang, speculation, memory and drift, required check not judged,
-harness error, matched on the failing checks' names that every failure message lists) and ``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
+harness error, matched on the failing checks' names that every failure message lists) and
+``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
 which names the build of each point of the Trend widget.
 
 Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and

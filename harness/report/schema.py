@@ -20,8 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-__all__ = ["SCHEMA_VERSION", "Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "Required", "report_schema",
-           "REPORT_SCHEMA_ID"]
+__all__ = ["SCHEMA_VERSION", "Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "Required",
+           "report_schema", "REPORT_SCHEMA_ID"]
 
 #: The report's ``schema_version``: raised when a field changes meaning or goes away.
 SCHEMA_VERSION = 1
