@@ -58,6 +58,8 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
      "gpu": {"available", "note", "samples", "gpus": [{"index", "name", "temperature_c_max",
              "temperature_slope_c_per_min", "xid_events", "pcie_utilisation_p95", "sampler_wall_ms", ...}]}
             (the GPU telemetry per GPU, harness.checks.gpu.section),
+     "required": {"judged": int, "of": int, "checks": [{"name", "why", "judged", "checks", "reason"}]}
+                 (what the experiment requires to be judged, harness.checks.required),
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
      "steady_state": {...}, "generated_at": float,
