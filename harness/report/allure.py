@@ -83,6 +83,7 @@ from harness.checks.view import Line
 from harness.metrics.phases import phase_windows
 from harness.report.json_report import read_report
 from harness.report.prometheus import model_name
+from harness.report.schema import Report, Speculative
 from harness.report.summary import family_views, phase_figures, render_summary
 from harness.report.timeline_plot import PLOT_FILE, try_plot_timeline
 from harness.timeline import read_timeline
@@ -201,16 +202,15 @@ def _check_phase(name: str) -> str | None:
     return next((p for p in parts if p in _PHASES), None)
 
 
-def _failing_lines(report: dict[str, Any]) -> list[str]:
-    return [f"{c.get('name')}: {c.get('detail') or ''}".rstrip(": ") for c in report.get("checks") or []
-            if c.get("passed") is False]
+def _failing_lines(rep: Report) -> list[str]:
+    return [f"{c.name}: {c.detail or ''}".rstrip(": ") for c in rep.failed_checks()]
 
 
-def _status_details(report: dict[str, Any]) -> StatusDetails | None:
-    verdict = report.get("verdict")
-    failing = _failing_lines(report)
-    errors = [str(e) for e in report.get("errors") or []]
-    alerts = [v.text for v in family_views(report) if isinstance(v, Line) and v.style == "alert"]   # an abort
+def _status_details(rep: Report) -> StatusDetails | None:
+    verdict = rep.verdict
+    failing = _failing_lines(rep)
+    errors = list(rep.errors)
+    alerts = [v.text for v in family_views(rep.to_dict()) if isinstance(v, Line) and v.style == "alert"]   # an abort
     if verdict == "pass":
         return None
     if verdict == "error":
@@ -220,10 +220,9 @@ def _status_details(report: dict[str, Any]) -> StatusDetails | None:
     return StatusDetails(message="\n".join(lines), trace="\n".join(lines + errors) or None)
 
 
-def _phase_steps(report: dict[str, Any], events: list[dict[str, Any]]) -> list[TestStepResult]:
-    phases = report.get("phases") or {}
+def _phase_steps(rep: Report, events: list[dict[str, Any]]) -> list[TestStepResult]:
     windows = phase_windows(events)
-    failed_in = {_check_phase(c.get("name", "")) for c in report.get("checks") or [] if c.get("passed") is False}
+    failed_in = {_check_phase(c.name) for c in rep.failed_checks()}
     steps = []
     load_start = next((e["t"] for e in events if e.get("event") == "load_started"), None)
     first = min((a for a, _ in windows.values()), default=None)
@@ -232,33 +231,31 @@ def _phase_steps(report: dict[str, Any], events: list[dict[str, Any]]) -> list[T
                                     stop=_ms(first), parameters=_params({"duration_s": first - load_start}),
                                     description="load running, not judged"))
     for ph in _PHASES[1:]:
-        m = phases.get(ph)
+        m = rep.phases.get(ph)
         if m is None:
             continue
-        a, b = windows.get(ph, (m.get("start"), m.get("end")))
-        figures = {"duration_s": m.get("duration_s"), "requests": m.get("requests"), "errors": m.get("errors"),
-                   "error_rate": m.get("error_rate"), "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
-                   "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"),
-                   "output_tokens_per_s": m.get("output_tokens_per_s")}
+        a, b = windows.get(ph, (m.start, m.end))
+        figures = {"duration_s": m.duration_s, "requests": m.requests, "errors": m.errors, "error_rate": m.error_rate,
+                   "ttft_p95_s": m.ttft_s.p95 if m.ttft_s else None, "e2e_p95_s": m.e2e_s.p95 if m.e2e_s else None,
+                   "output_tokens_per_s": m.output_tokens_per_s}
         steps.append(TestStepResult(name=f"phase {ph}", status=Status.FAILED if ph in failed_in else Status.PASSED,
                                     start=_ms(a), stop=_ms(b), parameters=_params(figures)))
     return steps
 
 
-def _fault_steps(report: dict[str, Any]) -> list[TestStepResult]:
+def _fault_steps(rep: Report) -> list[TestStepResult]:
     """One step per injected fault: from injection to clear (open: to the report's end),
     passed when it left evidence that it acted, else broken."""
     steps = []
-    for f in report.get("faults") or []:
-        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    for f in rep.faults:
+        ev = f.evidence or {}
         detail = ev.get("detail") or None
-        acted = bool(f.get("acted"))
         steps.append(TestStepResult(
-            name=f"fault {f.get('kind')} on {f.get('target')}", status=Status.PASSED if acted else Status.BROKEN,
-            statusDetails=None if acted else StatusDetails(message=detail or "left no evidence that it acted"),
-            start=_ms(f.get("injected_at")), stop=_ms(f.get("cleared_at")),
-            parameters=_params({"fault_id": f.get("fault_id"), "acted": acted, "evidence": detail,
-                                "cleared_at": f.get("cleared_at"),
+            name=f"fault {f.kind} on {f.target}", status=Status.PASSED if f.acted else Status.BROKEN,
+            statusDetails=None if f.acted else StatusDetails(message=detail or "left no evidence that it acted"),
+            start=_ms(f.injected_at), stop=_ms(f.cleared_at),
+            parameters=_params({"fault_id": f.fault_id, "acted": f.acted, "evidence": detail,
+                                "cleared_at": f.cleared_at,
                                 **{f"observed {k}": v for k, v in (ev.get("observations") or {}).items()}})))
     return steps
 
@@ -350,27 +347,25 @@ def _journal_steps(journal: dict | None) -> list[TestStepResult]:
     return steps
 
 
-def _check_steps(report: dict[str, Any]) -> TestStepResult | None:
-    checks = report.get("checks") or []
-    if not checks:
+def _check_steps(rep: Report) -> TestStepResult | None:
+    if not rep.checks:
         return None
     children = []
-    for c in checks:
-        status = Status.PASSED if c.get("passed") is True else Status.FAILED if c.get("passed") is False \
-            else Status.SKIPPED
-        children.append(TestStepResult(name=f"check {c.get('name')}", status=status,
-                                       statusDetails=StatusDetails(message=c.get("detail")) if c.get("detail") else None,
-                                       parameters=_params({"category": c.get("category"), "observed": c.get("observed"),
-                                                           "limit": c.get("limit")})))
+    for c in rep.checks:
+        status = Status.PASSED if c.passed is True else Status.FAILED if c.passed is False else Status.SKIPPED
+        children.append(TestStepResult(name=f"check {c.name}", status=status,
+                                       statusDetails=StatusDetails(message=c.detail) if c.detail else None,
+                                       parameters=_params({"category": c.category, "observed": c.observed,
+                                                           "limit": c.limit})))
     failed = sum(s.status == Status.FAILED for s in children)
     skipped = sum(s.status == Status.SKIPPED for s in children)
     return TestStepResult(name=f"checks ({len(children)}: {failed} failed, {skipped} not judged)",
                           status=Status.FAILED if failed else Status.PASSED, steps=children)
 
 
-def _fault_kinds(report: dict[str, Any], journal: dict | None) -> list[str]:
+def _fault_kinds(rep: Report, journal: dict | None) -> list[str]:
     """The fault families of the run: those injected, else those the method's actions name."""
-    kinds = [str(f.get("kind")) for f in report.get("faults") or [] if f.get("kind")]
+    kinds = [f.kind for f in rep.faults if f.kind]
     by_activity = {cls.activity: kind for kind, cls in REGISTRY.items()}
     doc = (journal or {}).get("experiment") or {}
     for act in doc.get("method") or []:
@@ -428,21 +423,21 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
     doc = _read_json(d / "experiment.json") or (journal or {}).get("experiment") or {}
     cfg = _read_json(d / "config.json") or {}
     events = read_timeline(d / "timeline.jsonl")
-    title = str(report.get("experiment") or doc.get("title") or d.name)
-    source = report.get("source")
+    rep = Report.model_validate(report)
+    title = rep.experiment or str(doc.get("title") or d.name)
+    source = rep.source
     key = history_id(source, title)
-    stack = report.get("stack") or {}
-    spec = stack.get("speculative") or {}
-    kinds = _fault_kinds(report, journal)
+    spec = rep.stack.speculative or Speculative()
+    kinds = _fault_kinds(rep, journal)
     tags = [str(t) for t in doc.get("tags") or []]
-    verdict = str(report.get("verdict"))
+    verdict = rep.verdict
 
-    steps = _phase_steps(report, events) + _fault_steps(report) + _journal_steps(journal)
-    checks = _check_steps(report)
+    steps = _phase_steps(rep, events) + _fault_steps(rep) + _journal_steps(journal)
+    checks = _check_steps(rep)
     if checks is not None:
         steps.append(checks)
     start = _ms((journal or {}).get("start")) or (_ms(events[0]["t"]) if events else None)
-    stop = _ms((journal or {}).get("end")) or (_ms(events[-1]["t"]) if events else _ms(report.get("generated_at")))
+    stop = _ms((journal or {}).get("end")) or (_ms(events[-1]["t"]) if events else _ms(rep.generated_at))
 
     labels = [Label(LabelType.EPIC, "specchaos"), Label(LabelType.STORY, title), Label(LabelType.SUITE, title),
               Label(LabelType.SUB_SUITE, ", ".join(kinds) or "no fault"),
@@ -450,10 +445,10 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
               Label(LabelType.FRAMEWORK, "specchaos"), Label(LabelType.LANGUAGE, "python"),
               Label(LabelType.HOST, platform.node())]
     labels += [Label(LabelType.FEATURE, k) for k in kinds] + [Label(LabelType.TAG, t) for t in tags]
-    params = _params({"launcher": stack.get("launcher"), "target": (cfg.get("stack") or {}).get("target"),
-                      "draft": spec.get("draft"), "method": spec.get("method"),
-                      "k": spec.get("num_speculative_tokens"), "fault kinds": ", ".join(kinds) or "none",
-                      "seed": (cfg.get("load") or {}).get("seed"), "vLLM": stack.get("vllm_version")})
+    params = _params({"launcher": rep.stack.launcher, "target": (cfg.get("stack") or {}).get("target"),
+                      "draft": spec.draft, "method": spec.method, "k": spec.num_speculative_tokens,
+                      "fault kinds": ", ".join(kinds) or "none", "seed": (cfg.get("load") or {}).get("seed"),
+                      "vLLM": rep.stack.vllm_version})
     description = [str(doc.get("description") or "").strip(), f"Verdict: **{verdict}**."]
     if plot_error:
         description.append(f"({plot_error}; the verdict does not depend on the plot)")
@@ -475,7 +470,7 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
 
     result = TestResult(
         uuid=uuid4(), name=title, fullName=_experiment_key(source, title), historyId=key, testCaseId=key,
-        status=STATUS.get(verdict, Status.UNKNOWN), statusDetails=_status_details(report),
+        status=STATUS.get(verdict, Status.UNKNOWN), statusDetails=_status_details(rep),
         description="\n\n".join(p for p in description if p), steps=steps, parameters=params, labels=labels,
         links=[link] if link else [], start=start, stop=stop, titlePath=["specchaos", title])
     return result, attachments
@@ -536,24 +531,22 @@ def overview(report: dict[str, Any]) -> dict[str, str]:
     verdict, the exit code and the failed checks), ``required`` (judged N of M, those not
     judged) and ``timeline`` (each phase's start and length from the first phase's start,
     and when each fault acted and was cleared)."""
-    v = str(report.get("verdict"))
-    failed = [str(c.get("name")) for c in report.get("checks") or [] if c.get("passed") is False]
-    out = {"verdict": f"{v.upper()} (exit code {EXIT_CODES.get(v, 2)}); "
+    rep = Report.model_validate(report)
+    failed = [c.name for c in rep.failed_checks()]
+    out = {"verdict": f"{rep.verdict.upper()} (exit code {EXIT_CODES.get(rep.verdict, 2)}); "
                       + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "no check failed")}
-    errors = [str(e) for e in report.get("errors") or []]
-    if errors:
-        out["errors"] = "; ".join(errors)
-    req = report.get("required") or {}
-    if req.get("of"):
-        missing = [f"{r.get('name')} ({r.get('reason')})" for r in req.get("checks") or [] if not r.get("judged")]
-        out["required"] = f"judged {req.get('judged', 0)} of {req['of']}" + (
+    if rep.errors:
+        out["errors"] = "; ".join(rep.errors)
+    req = rep.required
+    if req is not None and req.of:
+        missing = [f"{r.name} ({r.reason})" for r in req.checks if not r.judged]
+        out["required"] = f"judged {req.judged} of {req.of}" + (
             f"; not judged: {', '.join(missing)}" if missing else "")
-    phases = report.get("phases") or {}
-    t0 = min((m.get("start") for m in phases.values() if m.get("start") is not None), default=None)
-    parts = [f"{ph} {_offset(m.get('start'), t0)} for {m.get('duration_s') or 0:.1f} s" for ph, m in phases.items()]
-    parts += [f"{f.get('kind')} on {f.get('target')} {_offset(f.get('injected_at'), t0)}"
-              + (f" to {_offset(f.get('cleared_at'), t0)}" if f.get("cleared_at") is not None else "")
-              + ("" if f.get("acted") else " (no evidence)") for f in report.get("faults") or []]
+    t0 = min((m.start for m in rep.phases.values() if m.start is not None), default=None)
+    parts = [f"{ph} {_offset(m.start, t0)} for {m.duration_s or 0:.1f} s" for ph, m in rep.phases.items()]
+    parts += [f"{f.kind} on {f.target} {_offset(f.injected_at, t0)}"
+              + (f" to {_offset(f.cleared_at, t0)}" if f.cleared_at is not None else "")
+              + ("" if f.acted else " (no evidence)") for f in rep.faults]
     if parts:
         out["timeline"] = "; ".join(parts)
     return out
@@ -578,12 +571,12 @@ def write_results_metadata(target: str | Path, report: dict[str, Any] | None = N
                                      + "\n", encoding="utf-8")
     if report is None:
         return
-    stack = report.get("stack") or {}
-    spec = stack.get("speculative") or {}
-    env = {"vLLM": stack.get("vllm_version"), "launcher": stack.get("launcher"), "method": spec.get("method"),
-           "draft": model_name(spec.get("draft")) or None, "k": spec.get("num_speculative_tokens"),
+    rep = Report.model_validate(report)
+    spec = rep.stack.speculative or Speculative()
+    env = {"vLLM": rep.stack.vllm_version, "launcher": rep.stack.launcher, "method": spec.method,
+           "draft": model_name(spec.draft) or None, "k": spec.num_speculative_tokens,
            "host": platform.node(), "python": platform.python_version()}
-    title = str(report.get("experiment") or "experiment")
+    title = rep.experiment or "experiment"
     mine = _prop(f"{title}: ", key=True)
     path = t / "environment.properties"
     kept = [ln for ln in (path.read_text(encoding="latin-1").splitlines() if path.is_file() else [])
