@@ -506,7 +506,7 @@ def executor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             "buildOrder": stamp}
 
 
-def _prop(text: str, key: bool = False) -> str:
+def _prop(text: object, key: bool = False) -> str:
     """``text`` escaped for a Java ``.properties`` file (read as ISO-8859-1 by Allure):
     backslashes, line breaks, non-ASCII as ``\\uXXXX``; in a key also spaces, ``:``, ``=``."""
     out = []
