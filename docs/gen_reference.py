@@ -307,6 +307,7 @@ def faults_page() -> str:
 
 def checks_page() -> str:
     from harness.checks.registry import CHECKS
+    from harness.checks.required import DEFAULTS, SOAK_DEFAULT
 
     lines = ["# Check families", "",
              "Generated from the check registry (`harness/checks/registry.py`) at docs build time, in the order "
@@ -318,7 +319,12 @@ def checks_page() -> str:
         module = inspect.getmodule(fam.check)
         lines.append(f"| [`{name}`](#{slug(name)}) | `{module.__name__}` | {'yes' if fam.section else '—'} "
                      f"| {cell(first_sentence(module.__doc__))} |")
-    lines.append("")
+    lines += ["", heading(2, "Required by default"), "",
+              "What a run requires to be judged when its experiment has no `judge.required` "
+              "(`harness/checks/required.py`; a required check not judged makes the verdict error):", "",
+              "| fault kind | required |", "| --- | --- |"]
+    lines += [f"| `{kind}` | {', '.join(f'`{n}`' for n in names)} |" for kind, names in DEFAULTS.items()]
+    lines += [f"| soak (`soak.enabled`) | {', '.join(f'`{n}`' for n in SOAK_DEFAULT)} |", ""]
     for name, fam in CHECKS.items():
         module = inspect.getmodule(fam.check)
         path = module.__name__.replace(".", "/") + ".py"

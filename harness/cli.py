@@ -47,6 +47,7 @@ from rich.table import Table
 
 from faults.cleanup import cleanup as do_cleanup
 from faults.registry import REGISTRY
+from harness.checks.required import required_line
 from harness.errors import SpecchaosError
 from harness.experiment import session
 from harness.experiment.actions import FAULT_ACTIONS
@@ -161,12 +162,12 @@ def run(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YAML or
     except KeyboardInterrupt:
         err.print("specchaos: error: interrupted before the experiment started; nothing was injected")
         raise typer.Exit(2)
-    if report is not None:
-        print_summary(report, out)
-        if report.get("errors"):
-            err.print(f"specchaos: error: {report['errors'][0]}", markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {out_dir / 'report.json'}   journal: {out_dir / 'journal.json'}   "
               f"allure: {out_dir / 'allure-results'}   prometheus: {out_dir / PROM_TEXTFILE}", highlight=False)
+    if report is not None:   # the summary ends with the verdict and the exit code: the last lines on screen
+        if report.get("errors"):
+            err.print(f"specchaos: error: {report['errors'][0]}", markup=False, highlight=False, soft_wrap=True)
+        print_summary(report, out)
     raise typer.Exit(code)
 
 
@@ -265,6 +266,7 @@ def validate(file: Path = typer.Argument(..., help="Chaos Toolkit experiment (YA
         return
     applied = f"; {len(exp.overrides)} override(s) applied" if exp.overrides else ""
     out.print(f"{file}: valid ({exp.title}){applied}", highlight=False)
+    out.print(f"requires: {required_line(exp.required)}", highlight=False)
     if exp.requests is not None:
         src = exp.cfg.load.source
         assert src is not None
@@ -384,8 +386,8 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
     except SpecchaosError as exc:
         _fail(exc)
         return
-    print_summary(rep, out)
     out.print(f"report rewritten: {run_dir / 'report.json'}", highlight=False)
+    print_summary(rep, out)
     raise typer.Exit(EXIT_CODES.get(rep["verdict"], 2))
 
 

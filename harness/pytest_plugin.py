@@ -131,7 +131,7 @@ class _PluginState:
     items: int = 0
     test_errors: int = 0   # hand-written tests whose setup/teardown failed
     test_judged: int = 0   # hand-written tests that ran to a pass or a failure
-    last_report: dict[str, Any] | None = None   # of the last experiment: environment.properties under allure-pytest
+    reports: list[dict[str, Any]] = field(default_factory=list)   # environment.properties under allure-pytest
 
     def get_pool(self) -> StackPool:
         if self.pool is None:
@@ -428,7 +428,7 @@ class ExperimentItem(pytest.Item):
                                                        parent_uuid=result.uuid)
 
             merge_into(result, self.run_dir, self.report, attach)
-            self.config.stash[_STATE].last_report = self.report
+            self.config.stash[_STATE].reports.append(self.report)
         except Exception:  # noqa: BLE001  (a report is a reading aid: it never changes an outcome)
             logging.getLogger(__name__).warning("the Allure result of %s was not completed", self.name, exc_info=True)
 
@@ -455,7 +455,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         (st.out / "verdicts.json").write_text(json.dumps({"experiments": st.rows, "stacks": pool}, indent=2))
     allure_pytest = allure_pytest_dir(session.config)
     if allure_pytest is not None and st.rows:
-        write_results_metadata(allure_pytest, st.last_report)
+        for rep in st.reports:   # each experiment's overview lines, and the stack of the last
+            write_results_metadata(allure_pytest, rep)
     if st.gate:
         session.exitstatus = _gate_status(session, st, int(exitstatus))
 

@@ -30,10 +30,11 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.view import Line, Table, View
 from harness.checks.config import AcceptanceFloorConfig
 from harness.metrics.client_acceptance import STEP_GAP_S, acceptance_table, speculation_changes
 
-__all__ = ["speculation", "judge_floors", "judge_class_floors", "check", "section"]
+__all__ = ["summarize", "phase_figures", "speculation", "judge_floors", "judge_class_floors", "check", "section"]
 
 _MEMO = "acceptance_floor"
 
@@ -190,3 +191,60 @@ def section(run: RecordedRun) -> dict[str, Any]:
     (acceptance rate, mean acceptance length in tokens per step, per-position acceptance);
     ``total``/``buckets``/``phases``/``floors`` are absent when there is no speculation."""
     return {k: v for k, v in _judged(run).items() if k != "checks"}
+
+
+def _cell(t: dict[str, Any] | None, mark: str = "") -> str:
+    """``"rate / mean acceptance length"`` of a tally (``—`` when not measured)."""
+    if not t or t.get("acceptance_rate") is None:
+        return "—"
+    return f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}"
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: client-side acceptance rate and mean
+    acceptance length per bucket × sampling class × phase (✓/✗ where a floor was judged),
+    a row per request class, and the notes; one line when nothing was measured."""
+    sec = sec or {}
+    if not sec.get("phases"):
+        return [Line(f"speculation, client side: {sec.get('note') or 'not measured'}", "note")]
+    phases = ("baseline", "fault", "recovery", "after")
+    tab = Table("speculation, client side (acceptance rate / mean acceptance length in tokens per step, "
+                f"k={sec.get('num_speculative_tokens')})", ["bucket", "sampling", *phases], labels=2)
+    floors = {(r.get("phase"), r.get("bucket"), r.get("sampling")): r for r in sec.get("floors") or []}
+    rows = sorted({(b, s) for ph in sec["phases"].values()
+                   for b, cls in (ph.get("buckets") or {}).items() for s in cls})
+    for bucket, cls in rows:
+        cells = []
+        for ph in phases:
+            t = (((sec["phases"].get(ph) or {}).get("buckets") or {}).get(bucket) or {}).get(cls)
+            f = floors.get((ph, bucket, cls)) or {}
+            measured = bool(t) and t.get("acceptance_rate") is not None
+            mark = "" if not (f.get("judged") and measured) else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
+            cells.append(_cell(t, mark))
+        tab.add(bucket, cls, *cells)
+    # per request class (load.request_classes, or a source's categories), every bucket and sampling class
+    # pooled; a class floor (acceptance_floor.request_classes) marks its greedy rate
+    class_floors = {(r.get("phase"), r.get("request_class")): r for r in sec.get("floors") or []
+                    if r.get("request_class")}
+    for name in sorted({c for ph in sec["phases"].values() for c in ph.get("request_classes") or {}}):
+        cells = []
+        for ph in phases:
+            f = class_floors.get((ph, name)) or {}
+            mark = "" if not f.get("judged") else (" ✓" if f["acceptance_rate"] >= f["floor"] else " ✗")
+            cells.append(_cell(((sec["phases"].get(ph) or {}).get("request_classes") or {}).get(name), mark))
+        tab.add(f"class {name}", "all", *cells)
+    notes = [str(sec["note"])] if sec.get("note") else []
+    for c in sec.get("speculation_changes") or []:
+        notes.append(f"speculative settings changed at {c['t']:.3f}: "
+                     + (f"{c['method']}, k={c['num_speculative_tokens']}" if c.get("method") else "no speculation"))
+    tab.caption = "; ".join(notes)
+    return [tab]
+
+
+def phase_figures(sec: dict[str, Any] | None) -> dict[str, dict[str, float | None]]:
+    """``tok/step``: the client-side mean acceptance length (tokens per engine step, as vLLM
+    defines it) per phase; nothing without the section."""
+    if sec is None:
+        return {}
+    return {"tok/step": {ph: ((m or {}).get("total") or {}).get("mean_acceptance_length")
+                         for ph, m in (sec.get("phases") or {}).items()}}

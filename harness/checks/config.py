@@ -18,7 +18,7 @@ from harness.metrics.config import GoodputConfig, MetricsConfig
 __all__ = ["SloConfig", "DegradationConfig", "StartupRelative", "RecoveryLimit", "RecoveryConfig", "FailFastConfig", "IntegrityConfig", "LivenessConfig",
            "HangConfig", "ClientAbortConfig", "MirrorConfig", "CheckLimits", "AcceptanceFloorConfig", "SpeculationConfig",
            "ServerMemoryConfig", "FallbackConfig", "SafeguardConfig", "GpuConfig", "SAFEGUARD_METRICS", "METHOD_PHASES",
-           "THROTTLE_REASONS"]
+           "THROTTLE_REASONS", "JudgeConfig"]
 
 
 class _Strict(BaseModel):
@@ -297,6 +297,18 @@ class FallbackConfig(_Strict):
 #: software power cap.
 THROTTLE_REASONS = ("SwThermalSlowdown", "HwThermalSlowdown", "HwSlowdown", "HwPowerBrakeSlowdown", "SwPowerCap")
 
+class JudgeConfig(_Strict):
+    """What the experiment exists to judge (:mod:`harness.checks.required`): check families,
+    categories or check names whose checks must be judged, else the verdict is ``error``.
+
+    ``required``: the names; None (default) = the defaults of the faults the run injects
+    (:data:`harness.checks.required.DEFAULTS`, ``soak`` for a soak run). ``optional``: names
+    taken out of the defaults (ignored when ``required`` is given)."""
+
+    required: list[str] | None = None
+    optional: list[str] = Field(default_factory=list)
+
+
 _Phase = Literal["baseline", "fault", "recovery", "after"]
 
 
@@ -368,6 +380,7 @@ class CheckLimits(Protocol):
     gpu: GpuConfig
     metrics: MetricsConfig
     safeguards: list["SafeguardConfig"]
+    judge: JudgeConfig
 
 
 #: The metrics a safeguard can watch (:mod:`harness.checks.safeguards`).

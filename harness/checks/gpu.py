@@ -41,11 +41,13 @@ import statistics
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.view import Line, View
 from harness.checks.config import GpuConfig
 from harness.metrics.gpu_telemetry import GPU_FILE, read_gpu_series
 from harness.metrics.latency import distribution, percentiles
 
-__all__ = ["series", "telemetry_note", "max_slope_per_min", "growth_per_hour", "pcie_bandwidth_bytes_per_s",
+__all__ = ["summarize",
+           "series", "telemetry_note", "max_slope_per_min", "growth_per_hour", "pcie_bandwidth_bytes_per_s",
            "pcie_utilisation", "check", "section"]
 
 #: Per-lane transfer rate (GT/s) and line-code efficiency of each PCIe generation.
@@ -397,3 +399,15 @@ def section(run: RecordedRun) -> dict[str, Any]:
             "sampler_wall_ms": cost("sample_wall_ms"), "sampler_cpu_ms": cost("sample_cpu_ms"),
         })
     return {"available": bool(available), "note": note, "samples": len({s.get("t") for s in lines}), "gpus": gpus}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: one line on the telemetry (its note on a
+    host without a GPU)."""
+    if not sec:
+        return []
+    if sec.get("available") is False and sec.get("note"):
+        return [Line(f"GPU telemetry: {sec['note']}", "note")]
+    if sec.get("available"):
+        return [Line(f"GPU telemetry: {len(sec.get('gpus') or [])} GPU(s), {sec.get('samples')} samples (gpu.jsonl)")]
+    return []

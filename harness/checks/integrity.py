@@ -55,6 +55,7 @@ from typing import Iterable, Sequence
 
 from harness.checks import request_classes
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.view import Table, View
 from harness.checks.diff import divergence_index
 from harness.errors import SpecchaosError
 from harness.load.prompts import load_decoder
@@ -62,7 +63,7 @@ from harness.load.records import RequestRecord, is_complete, presented_finished
 from harness.stack.breaker import route_upstream
 from harness.stack.models import resolve_model
 
-__all__ = [
+__all__ = ["summarize", 
     "check",
     "section",
     "divergence_index",
@@ -381,3 +382,28 @@ def check(run: RecordedRun) -> list[CheckResult]:
 def section(run: RecordedRun) -> dict:
     """``report.json``'s ``integrity``: the counts and examples of :func:`integrity_checks`."""
     return _judged(run)[1]
+
+
+def _class_line(section: dict) -> str:
+    """One request class's line (``integrity.classes.NAME``): its finished responses and,
+    per invariant, violations of judged (``"12 responses; stop 0/12, usage 1/12"``)."""
+    invs = section.get("invariants") or {}
+    parts = [f"{inv} {e['violations']}/{e['judged']}" for inv, e in invs.items()]
+    return f"{section.get('responses', 0)} responses" + ("; " + ", ".join(parts) if parts else "")
+
+
+def summarize(sec: dict | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: the counts, the first divergence and a
+    line per request class."""
+    if not sec:
+        return []
+    tab = Table("integrity", ["what", "value"], header=False)
+    for key in ("compared", "mismatched", "near_ties", "malformed", "cut_by_planned_stop", "false_success",
+                "not_comparable"):
+        if key in sec:
+            tab.add(key.replace("_", " "), str(sec[key]))
+    if sec.get("first_divergence"):
+        tab.add("first divergence", str(sec["first_divergence"]))
+    for name, cls in (sec.get("classes") or {}).items():
+        tab.add(f"class {name}", _class_line(cls))
+    return [tab]

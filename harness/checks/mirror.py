@@ -22,11 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.view import Table, View, ms
 from harness.checks.config import MirrorConfig
 from harness.metrics.mirror import ALL, mirror_groups
 from harness.metrics.phases import assign_phases
 
-__all__ = ["check", "section", "enabled"]
+__all__ = ["summarize", "check", "section", "enabled"]
 
 CATEGORY = "speculation"
 
@@ -120,3 +121,25 @@ def section(run: RecordedRun) -> dict[str, Any]:
     each side's ``requests``, ``complete`` and ``ttft_s``/``tpot_s``/``e2e_s``
     ``{"p50","p95"}`` in seconds (:func:`harness.metrics.mirror.compare`)."""
     return _judge(run)[1]
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section` (mirror mode only): per phase × bucket ×
+    sampling class, median TTFT, TPOT and E2E of both servers, TPOT spec ÷ plain and the
+    speedup; groups not judged dimmed."""
+    if not (sec or {}).get("enabled"):
+        return []
+    tab = Table("speculative vs plain (mirror mode; p50 in ms as spec/plain; TPOT ratio = spec ÷ plain, "
+                "speedup = plain ÷ spec TPOT)",
+                ["phase", "bucket", "sampling", "n spec/plain", "TTFT", "TPOT", "E2E", "TPOT ratio", "speedup"],
+                labels=3)
+    for g in sec.get("groups") or []:
+        s, r = g.get("spec") or {}, g.get("ref") or {}
+        pair = {k: f"{ms((s.get(k) or {}).get('p50'))}/{ms((r.get(k) or {}).get('p50'))}"
+                for k in ("ttft_s", "tpot_s", "e2e_s")}
+        ratio = (g.get("ratio") or {}).get("tpot_p50")
+        sp = g.get("speedup")
+        tab.add(g.get("phase", ""), g.get("bucket", ""), g.get("sampling", ""),
+                f"{s.get('complete', 0)}/{r.get('complete', 0)}", pair["ttft_s"], pair["tpot_s"], pair["e2e_s"],
+                "—" if ratio is None else f"{ratio:.2f}", "—" if sp is None else f"{sp:.2f}×", dim=not g.get("judged"))
+    return [tab]

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.view import Line, View, ms, pct
 
-__all__ = ["check", "section"]
+__all__ = ["check", "section", "summarize"]
 
 #: The lag figures of ``load_stats.json`` the section carries (seconds, fractions).
 FIELDS = ("arrivals", "dropped", "lag_p50_s", "lag_p95_s", "lag_p99_s", "lag_max_s", "lag_mean_s",
@@ -51,3 +52,14 @@ def section(run: RecordedRun) -> dict[str, Any] | None:
     if stats is None:
         return None
     return {k: stats.get(k) for k in FIELDS}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """One line: the pacer's arrivals, drops and lag percentiles (ms), and the shares of
+    arrivals later than 1 ms and 10 ms; nothing for a closed loop."""
+    if not sec or not sec.get("arrivals"):
+        return []
+    return [Line(f"pacer: {sec['arrivals']} arrivals, {sec.get('dropped') or 0} dropped; lag p50/p95/p99/max "
+                 f"{ms(sec.get('lag_p50_s'))}/{ms(sec.get('lag_p95_s'))}/{ms(sec.get('lag_p99_s'))}/"
+                 f"{ms(sec.get('lag_max_s'))} ms; later than 1 ms {pct(sec.get('share_late_1ms'))}, "
+                 f"than 10 ms {pct(sec.get('share_late_10ms'))}")]

@@ -33,12 +33,14 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from harness.checks.base import CheckResult
+from harness.checks.view import Table, View
 from harness.checks.base import RecordedRun
 from harness.checks.config import RecoveryConfig, StartupRelative
 from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, percentiles, ttft_s
 
-__all__ = ["MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
+__all__ = ["summarize",
+           "MIN_WINDOW_REQUESTS", "time_to_healthy", "first_slo_window_end", "recovery_times", "recovery_checks",
            "measured_startup_s", "resolved_limits",
            "attempts", "resolution", "check", "section"]
 
@@ -327,3 +329,20 @@ def section(run: RecordedRun) -> dict[str, Any]:
     startup = measured_startup_s(run.events, run.fault_time)
     return {**_times(run), "measured_from": t, "resolution_s": overall, "resolution": res, "startup_s": startup,
             "limits": resolved_limits(run.limits.recovery, startup)}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: the three times (``never`` when not
+    reached) and their resolution."""
+    if not sec:
+        return []
+    tab = Table("recovery", ["what", "value"], header=False)
+    for key, label in (("time_to_healthy_s", "time to healthy"), ("time_to_first_success_s", "time to first success"),
+                       ("time_to_slo_s", "time to SLO")):
+        v = sec.get(key)
+        tab.add(label, "never" if v is None else f"{v:.2f} s")
+    if sec.get("resolution_s") is not None:
+        tab.add("recovery resolution", f"{sec['resolution_s'] * 1000:.0f} ms")
+    if sec.get("startup_s") is not None:
+        tab.add("start-up (relative limits)", f"{sec['startup_s']:.2f} s")
+    return [tab]

@@ -37,11 +37,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from harness.checks.base import CheckResult, RecordedRun, instant
+from harness.checks.view import Line, View
 from harness.checks.config import SafeguardConfig
 from harness.load.records import RequestRecord, is_complete
 from harness.metrics.latency import e2e_s, ttft_s
 
-__all__ = ["SOURCE", "ABORT_PREFIX", "Obs", "Breach", "observations", "window_value", "scan", "find_breach",
+__all__ = ["summarize",
+           "SOURCE", "ABORT_PREFIX", "Obs", "Breach", "observations", "window_value", "scan", "find_breach",
            "armed_windows", "fullest_window", "abort_event", "abort_summary", "check", "section"]
 
 #: Timeline source of the live monitor's events.
@@ -337,3 +339,15 @@ def section(run: RecordedRun) -> dict[str, Any]:
     return {"configured": [sg.model_dump() | {"name": sg.label} for sg in sgs],
             "breaches": {k: (None if br is None else br.to_dict()) for k, (br, _, _) in _breaches(run).items()},
             "abort": abort_summary(run.events, run.fault_time)}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: why the method was aborted, and how fast
+    (nothing when no safeguard fired)."""
+    ab = (sec or {}).get("abort")
+    if not ab:
+        return []
+    det = ab.get("detection_latency_s")
+    fault = ab.get("fault_to_abort_s")
+    return [Line(f"{ab.get('reason')} (detection latency {'—' if det is None else f'{det:.2f} s'} beyond for_s"
+                 + (f", {fault:.2f} s after the fault" if fault is not None else "") + "; rollbacks ran)", "alert")]

@@ -54,12 +54,14 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
+from harness.checks.view import Line, Table, View, pct
 from harness.checks.config import ServerMemoryConfig
 from harness.checks.gpu import series as gpu_series, telemetry_note
 from harness.checks.speculation import series
 from harness.metrics.speculation import incarnation, server_lines, servers_in
 
-__all__ = ["KV_FILLING_FAULTS", "swing", "rss_segments", "phase_swings", "kv_allowance_bytes", "check", "section"]
+__all__ = ["summarize",
+           "KV_FILLING_FAULTS", "swing", "rss_segments", "phase_swings", "kv_allowance_bytes", "check", "section"]
 
 #: Fault families that fill a server's KV cache by design (module doc): in a phase where one
 #: acted on a server, RSS growth up to the KV cache's budget is not a swing.
@@ -213,3 +215,21 @@ def section(run: RecordedRun) -> dict[str, Any]:
     note = None if series(run) else "no metrics.jsonl recorded in this run: no server RSS to judge"
     return {"note": note, "gpu_note": a["gpu_note"], "max_rss_swing": cfg.max_rss_swing,
             "servers": a["servers"], "gpus": {str(k): v for k, v in a["gpus"].items()}}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: the RSS swing per server and phase, and
+    why the GPU memory swing was not judged."""
+    if not sec:
+        return []
+    out: list[View] = []
+    servers = sec.get("servers") or {}
+    if servers:
+        phases = ("baseline", "fault", "recovery", "after")
+        tab = Table("server memory (RSS swing per phase: (max - min) / min)", ["server", *phases])
+        for name, by_phase in servers.items():
+            tab.add(name, *(pct(((by_phase or {}).get(ph) or {}).get("swing")) for ph in phases))
+        out.append(tab)
+    if sec.get("gpu_note"):
+        out.append(Line(f"GPU memory swing: not judged: {sec['gpu_note']}", "note"))
+    return out

@@ -30,12 +30,13 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun, instant
+from harness.checks.view import Table, View, pct
 from harness.checks.config import SpeculationConfig
 from harness.metrics.scraper import METRICS_FILE
 from harness.metrics.speculation import (SpeculationSeries, counter_increments, read_series, server_lines,
                                          servers_in, window_acceptance)
 
-__all__ = ["series", "server_series", "canaries", "check", "section"]
+__all__ = ["summarize", "phase_figures", "series", "server_series", "canaries", "check", "section"]
 
 _MEMO = "speculation"
 
@@ -243,3 +244,37 @@ def section(run: RecordedRun) -> dict[str, Any]:
     note = None if any(v["speculative"] for v in out.values()) else \
         "no server exposed vLLM's spec-decode counters (vllm:spec_decode_*): nothing speculative to judge"
     return {"source": METRICS_FILE, "note": note, "window_s": cfg.window_s, "servers": out}
+
+
+def summarize(sec: dict[str, Any] | None) -> list[View]:
+    """The terminal/Allure view of :func:`section`: per server and phase, speculative
+    decoding as vLLM's /metrics counted it (acceptance rate, mean acceptance length,
+    per-position acceptance, draft tokens, gaps and restarts)."""
+    servers = (sec or {}).get("servers") or {}
+    if not servers:
+        return []
+    tab = Table("speculative decoding (vLLM /metrics)", ["server", "phase", "acceptance rate", "mean acceptance length",
+                "per-position acceptance", "draft tokens", "gaps/restarts"], labels=2)
+    for name, sv in servers.items():
+        for ph in ("baseline", "fault", "recovery", "after"):
+            m = (sv.get("phases") or {}).get(ph)
+            if m is None:
+                continue
+            if not sv.get("speculative"):
+                rate, length, pos, tokens = "—", "—", "no speculation", "—"
+            else:
+                mal = m.get("mean_acceptance_length")
+                rate, length = pct(m.get("acceptance_rate")), "—" if mal is None else f"{mal:.2f}"
+                pos = " ".join(f"{v:.2f}" for v in m.get("per_position_acceptance") or []) or "—"
+                tokens = f"{m.get('draft_tokens', 0):.0f}"
+            tab.add(name, ph, rate, length, pos, tokens, f"{m.get('gaps', 0)}/{m.get('resets', 0)}")
+    return [tab]
+
+
+def phase_figures(sec: dict[str, Any] | None) -> dict[str, dict[str, float | None]]:
+    """``acceptance_rate``: the speculative server's acceptance rate per phase from vLLM's
+    counters (``/metrics``); nothing without counters of the ``spec`` server."""
+    spec = ((sec or {}).get("servers") or {}).get("spec")
+    if not spec:
+        return {}
+    return {"acceptance_rate": {ph: (m or {}).get("acceptance_rate") for ph, m in (spec.get("phases") or {}).items()}}

@@ -18,7 +18,8 @@ from typing import Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.checks.config import (AcceptanceFloorConfig, ClientAbortConfig, DegradationConfig, FailFastConfig,
-                                   FallbackConfig, GpuConfig, HangConfig, IntegrityConfig, LivenessConfig, MirrorConfig,
+                                   FallbackConfig, GpuConfig, HangConfig, IntegrityConfig, JudgeConfig, LivenessConfig,
+                                   MirrorConfig,
                                    RecoveryConfig, SafeguardConfig, ServerMemoryConfig, SloConfig, SoakConfig,
                                    SpeculationConfig)
 from harness.metrics.config import MetricsConfig, ScrapeConfig
@@ -72,6 +73,7 @@ class SpecchaosConfig(BaseModel):
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     safeguards: list[SafeguardConfig] = Field(default_factory=list)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from chaoslib.experiment import run_experiment
 
+from harness.checks.verdict import EXIT_CODES
 from harness.errors import SpecchaosError
 from harness.experiment import session as sess
 from harness.experiment.control import signals_deferred
@@ -34,9 +35,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EXIT_CODES", "run", "prepare_out_dir"]
 
-#: ``aborted``: a continuous safeguard stopped the method (:mod:`harness.experiment.safeguards`):
-#: the system under test crossed a hard limit, a finding like a failed check.
-EXIT_CODES = {"pass": 0, "fail": 1, "aborted": 1, "error": 2}
 
 #: Chaos Toolkit settings of a run: rollbacks always play (they clear every fault, and
 #: clearing is idempotent). The "default" strategy skips them after a failed or

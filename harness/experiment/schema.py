@@ -39,7 +39,7 @@ from harness.experiment.overrides import CONFIG_VAR
 from harness.experiment.sweep_config import SweepConfig
 from harness.experiment.validate import (ACTIVITY_KEYS, ACTIONS_MODULE, CONTROL_MODULE, EXPERIMENT_KEYS, HYPOTHESIS_KEYS,
                                         PROBES_MODULE, PROVIDER_KEYS)
-from harness.report.json_report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
+from harness.report.schema import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from harness.report.schema import report_schema
 
 __all__ = ["CONFIG_SCHEMA_VERSION", "SCHEMA_NAMES", "schema", "schema_file", "write_schemas"]

@@ -47,6 +47,8 @@ from harness.metrics.phases import PHASES
 from harness.load.client import SOURCE_CLASS
 from harness.load.source_prep import prepare_source
 from harness.load.sources import RequestSpec
+from harness.checks.required import Requirement, required_checks, unknown_requirements
+from harness.report.judge import fault_requirements
 from harness.stack.capabilities import capabilities_of, missing, refusal
 from harness.stack.launchers import launcher_class, launcher_names
 from harness.stack.preflight import resolve_models
@@ -90,6 +92,13 @@ class Experiment:
     @property
     def title(self) -> str:
         return str(self.doc.get("title", self.path.stem))
+
+    @property
+    def required(self) -> list[Requirement]:
+        """What a run of the experiment will require to be judged (:mod:`harness.checks.required`):
+        ``judge.required``, else the defaults of the faults it declares."""
+        return required_checks([f.kind for f in self.faults], self.cfg.judge, soak=self.cfg.soak.enabled,
+                               reference=self.cfg.stack.reference, overrides=fault_requirements())
 
 
 def parse_file(path: Path) -> dict[str, Any]:
@@ -401,6 +410,12 @@ def check_experiment(doc: dict[str, Any], path: str | Path, overrides: Sequence[
                               where=f"{path}: method",
                               hint=f"add a fault action of {ACTIONS_MODULE} (e.g. kill_process), or judge a "
                                    "sustained load with soak.enabled: true")
+    unknown = unknown_requirements([*(cfg.judge.required or []), *cfg.judge.optional])
+    if unknown:
+        raise ExperimentError(f"{unknown[0]!r} is neither a check family nor a check category",
+                              where=f"{path}: configuration.specchaos.judge",
+                              hint="name a check family or category, e.g. integrity or degradation, or a check "
+                                   "name as report.json writes it, e.g. integrity.compared")
     launcher = launcher_class(cfg.stack.launcher)
     tell(f"checking the stack before anything starts (the {cfg.stack.launcher} launcher, which "
          f"{launcher.summary}: models, ports and what it needs of the host or its engine)")

@@ -36,11 +36,14 @@ The result:
   (:func:`harness.report.summary.render_summary`), ``report.json``, the journal, the tail of
   each server log (``logs/*``).
 
-Next to it (:func:`write_results_metadata`): ``environment.properties`` (vLLM version,
-launcher, method, draft, k, host, Python) for the overview's Environment widget,
-``categories.json`` (:data:`CATEGORIES`: SLO, integrity, recovery, liveness and hang,
-speculation, harness error, matched on the failing checks' names that every failure
-message lists) and ``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
+Next to it (:func:`write_results_metadata`): ``environment.properties`` for the overview's
+Environment widget: per experiment its verdict with the exit code and the failed checks,
+the required checks judged (N of M), and the timeline (phases and faults, seconds from the
+first phase's start) (:func:`overview`), then the stack (vLLM version, launcher, method,
+draft, k, host, Python); ``categories.json`` (:data:`CATEGORIES`: SLO, integrity,
+recovery, liveness and hang, speculation, memory and drift, required check not judged,
+harness error, matched on the failing checks' names that every failure message lists) and
+``executor.json`` (:func:`executor`: GitHub Actions' run, or this host),
 which names the build of each point of the Trend widget.
 
 Where: always ``<run_dir>/allure-results/`` (replaced on every judgement of the run), and
@@ -75,13 +78,18 @@ from allure_commons.utils import md5, uuid4
 from rich.console import Console
 
 from faults.registry import REGISTRY
+from harness.checks.verdict import EXIT_CODES
+from harness.checks.view import Line
 from harness.metrics.phases import phase_windows
-from harness.report.summary import render_summary
+from harness.report.json_report import read_report
+from harness.report.prometheus import model_name
+from harness.report.schema import Report, Speculative
+from harness.report.summary import family_views, phase_figures, render_summary
 from harness.report.timeline_plot import PLOT_FILE, try_plot_timeline
 from harness.timeline import read_timeline
 
 __all__ = ["ALLURE_DIR_ENV", "RESULTS_DIR", "STATUS", "CATEGORIES", "allure_result", "write_allure_results",
-           "publish_allure", "history_id", "executor", "write_results_metadata", "merge_into"]
+           "publish_allure", "history_id", "executor", "write_results_metadata", "merge_into", "overview"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +139,10 @@ CATEGORIES: list[dict[str, Any]] = [
                                                 "RSS and KV-cache growth, latency drift, error bursts "
                                                 "(server_memory.*, soak.*)",
      "matchedStatuses": ["failed"], "messageRegex": _checks_named("server_memory", "soak")},
+    {"name": "required check not judged", "description": "what the experiment exists to judge was not judged "
+                                                         "(judge.required; verdict error): the run proves nothing "
+                                                         "about it",
+     "matchedStatuses": ["broken"], "messageRegex": r"(?s)(.*\n)?required check \S+ not judged:.*"},
     {"name": "harness error", "description": "the run could not be judged (verdict error): bad input, a stack that "
                                              "did not start, a fault without evidence, an interruption",
      "matchedStatuses": ["broken"]},
@@ -190,29 +202,27 @@ def _check_phase(name: str) -> str | None:
     return next((p for p in parts if p in _PHASES), None)
 
 
-def _failing_lines(report: dict[str, Any]) -> list[str]:
-    return [f"{c.get('name')}: {c.get('detail') or ''}".rstrip(": ") for c in report.get("checks") or []
-            if c.get("passed") is False]
+def _failing_lines(rep: Report) -> list[str]:
+    return [f"{c.name}: {c.detail or ''}".rstrip(": ") for c in rep.failed_checks()]
 
 
-def _status_details(report: dict[str, Any]) -> StatusDetails | None:
-    verdict = report.get("verdict")
-    failing = _failing_lines(report)
-    errors = [str(e) for e in report.get("errors") or []]
-    abort = ((report.get("safeguards") or {}).get("abort") or {}).get("reason")
+def _status_details(rep: Report) -> StatusDetails | None:
+    verdict = rep.verdict
+    failing = _failing_lines(rep)
+    errors = list(rep.errors)
+    alerts = [v.text for v in family_views(rep.to_dict()) if isinstance(v, Line) and v.style == "alert"]   # an abort
     if verdict == "pass":
         return None
     if verdict == "error":
         lines = errors or ["the run could not be judged"]
         return StatusDetails(message="\n".join(lines), trace="\n".join(lines + failing) or None)
-    lines = ([abort] if abort else []) + (failing or [f"verdict {verdict}"])
+    lines = alerts + (failing or [f"verdict {verdict}"])
     return StatusDetails(message="\n".join(lines), trace="\n".join(lines + errors) or None)
 
 
-def _phase_steps(report: dict[str, Any], events: list[dict[str, Any]]) -> list[TestStepResult]:
-    phases = report.get("phases") or {}
+def _phase_steps(rep: Report, events: list[dict[str, Any]]) -> list[TestStepResult]:
     windows = phase_windows(events)
-    failed_in = {_check_phase(c.get("name", "")) for c in report.get("checks") or [] if c.get("passed") is False}
+    failed_in = {_check_phase(c.name) for c in rep.failed_checks()}
     steps = []
     load_start = next((e["t"] for e in events if e.get("event") == "load_started"), None)
     first = min((a for a, _ in windows.values()), default=None)
@@ -221,33 +231,31 @@ def _phase_steps(report: dict[str, Any], events: list[dict[str, Any]]) -> list[T
                                     stop=_ms(first), parameters=_params({"duration_s": first - load_start}),
                                     description="load running, not judged"))
     for ph in _PHASES[1:]:
-        m = phases.get(ph)
+        m = rep.phases.get(ph)
         if m is None:
             continue
-        a, b = windows.get(ph, (m.get("start"), m.get("end")))
-        figures = {"duration_s": m.get("duration_s"), "requests": m.get("requests"), "errors": m.get("errors"),
-                   "error_rate": m.get("error_rate"), "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
-                   "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"),
-                   "output_tokens_per_s": m.get("output_tokens_per_s")}
+        a, b = windows.get(ph, (m.start, m.end))
+        figures = {"duration_s": m.duration_s, "requests": m.requests, "errors": m.errors, "error_rate": m.error_rate,
+                   "ttft_p95_s": m.ttft_s.p95 if m.ttft_s else None, "e2e_p95_s": m.e2e_s.p95 if m.e2e_s else None,
+                   "output_tokens_per_s": m.output_tokens_per_s}
         steps.append(TestStepResult(name=f"phase {ph}", status=Status.FAILED if ph in failed_in else Status.PASSED,
                                     start=_ms(a), stop=_ms(b), parameters=_params(figures)))
     return steps
 
 
-def _fault_steps(report: dict[str, Any]) -> list[TestStepResult]:
+def _fault_steps(rep: Report) -> list[TestStepResult]:
     """One step per injected fault: from injection to clear (open: to the report's end),
     passed when it left evidence that it acted, else broken."""
     steps = []
-    for f in report.get("faults") or []:
-        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    for f in rep.faults:
+        ev = f.evidence or {}
         detail = ev.get("detail") or None
-        acted = bool(f.get("acted"))
         steps.append(TestStepResult(
-            name=f"fault {f.get('kind')} on {f.get('target')}", status=Status.PASSED if acted else Status.BROKEN,
-            statusDetails=None if acted else StatusDetails(message=detail or "left no evidence that it acted"),
-            start=_ms(f.get("injected_at")), stop=_ms(f.get("cleared_at")),
-            parameters=_params({"fault_id": f.get("fault_id"), "acted": acted, "evidence": detail,
-                                "cleared_at": f.get("cleared_at"),
+            name=f"fault {f.kind} on {f.target}", status=Status.PASSED if f.acted else Status.BROKEN,
+            statusDetails=None if f.acted else StatusDetails(message=detail or "left no evidence that it acted"),
+            start=_ms(f.injected_at), stop=_ms(f.cleared_at),
+            parameters=_params({"fault_id": f.fault_id, "acted": f.acted, "evidence": detail,
+                                "cleared_at": f.cleared_at,
                                 **{f"observed {k}": v for k, v in (ev.get("observations") or {}).items()}})))
     return steps
 
@@ -261,18 +269,19 @@ _TABLE = [("duration_s", "duration_s", None), ("requests", "requests", None), ("
 
 def phase_table_csv(report: dict[str, Any]) -> str:
     """The per-phase table as CSV: one row per phase (start and end epoch seconds, the
-    figures of :data:`_TABLE`, and the speculative server's acceptance rate from vLLM's
-    counters); empty cells where the report has no value."""
+    figures of :data:`_TABLE`, then the check families' per-phase figures
+    (:func:`harness.report.summary.phase_figures`, e.g. the speculative server's acceptance
+    rate from vLLM's counters); empty cells where the report has no value."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["phase", "start", "end", *(h for h, _, _ in _TABLE), "acceptance_rate"])
-    spec = (((report.get("speculation") or {}).get("servers") or {}).get("spec") or {}).get("phases") or {}
+    figures = phase_figures(report)
+    w.writerow(["phase", "start", "end", *(h for h, _, _ in _TABLE), *figures])
     for ph, m in (report.get("phases") or {}).items():
         cells = []
         for _, field, q in _TABLE:
             v = m.get(field)
             cells.append((v or {}).get(q) if q else v)
-        cells.append((spec.get(ph) or {}).get("acceptance_rate"))
+        cells += [f.get(ph) for f in figures.values()]
         w.writerow([ph, m.get("start"), m.get("end"), *("" if v is None else (f"{v:.6g}" if isinstance(v, float)
                                                                                else v) for v in cells)])
     return buf.getvalue()
@@ -338,27 +347,25 @@ def _journal_steps(journal: dict | None) -> list[TestStepResult]:
     return steps
 
 
-def _check_steps(report: dict[str, Any]) -> TestStepResult | None:
-    checks = report.get("checks") or []
-    if not checks:
+def _check_steps(rep: Report) -> TestStepResult | None:
+    if not rep.checks:
         return None
     children = []
-    for c in checks:
-        status = Status.PASSED if c.get("passed") is True else Status.FAILED if c.get("passed") is False \
-            else Status.SKIPPED
-        children.append(TestStepResult(name=f"check {c.get('name')}", status=status,
-                                       statusDetails=StatusDetails(message=c.get("detail")) if c.get("detail") else None,
-                                       parameters=_params({"category": c.get("category"), "observed": c.get("observed"),
-                                                           "limit": c.get("limit")})))
+    for c in rep.checks:
+        status = Status.PASSED if c.passed is True else Status.FAILED if c.passed is False else Status.SKIPPED
+        children.append(TestStepResult(name=f"check {c.name}", status=status,
+                                       statusDetails=StatusDetails(message=c.detail) if c.detail else None,
+                                       parameters=_params({"category": c.category, "observed": c.observed,
+                                                           "limit": c.limit})))
     failed = sum(s.status == Status.FAILED for s in children)
     skipped = sum(s.status == Status.SKIPPED for s in children)
     return TestStepResult(name=f"checks ({len(children)}: {failed} failed, {skipped} not judged)",
                           status=Status.FAILED if failed else Status.PASSED, steps=children)
 
 
-def _fault_kinds(report: dict[str, Any], journal: dict | None) -> list[str]:
+def _fault_kinds(rep: Report, journal: dict | None) -> list[str]:
     """The fault families of the run: those injected, else those the method's actions name."""
-    kinds = [str(f.get("kind")) for f in report.get("faults") or [] if f.get("kind")]
+    kinds = [f.kind for f in rep.faults if f.kind]
     by_activity = {cls.activity: kind for kind, cls in REGISTRY.items()}
     doc = (journal or {}).get("experiment") or {}
     for act in doc.get("method") or []:
@@ -416,21 +423,21 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
     doc = _read_json(d / "experiment.json") or (journal or {}).get("experiment") or {}
     cfg = _read_json(d / "config.json") or {}
     events = read_timeline(d / "timeline.jsonl")
-    title = str(report.get("experiment") or doc.get("title") or d.name)
-    source = report.get("source")
+    rep = Report.model_validate(report)
+    title = rep.experiment or str(doc.get("title") or d.name)
+    source = rep.source
     key = history_id(source, title)
-    stack = report.get("stack") or {}
-    spec = stack.get("speculative") or {}
-    kinds = _fault_kinds(report, journal)
+    spec = rep.stack.speculative or Speculative()
+    kinds = _fault_kinds(rep, journal)
     tags = [str(t) for t in doc.get("tags") or []]
-    verdict = str(report.get("verdict"))
+    verdict = rep.verdict
 
-    steps = _phase_steps(report, events) + _fault_steps(report) + _journal_steps(journal)
-    checks = _check_steps(report)
+    steps = _phase_steps(rep, events) + _fault_steps(rep) + _journal_steps(journal)
+    checks = _check_steps(rep)
     if checks is not None:
         steps.append(checks)
     start = _ms((journal or {}).get("start")) or (_ms(events[0]["t"]) if events else None)
-    stop = _ms((journal or {}).get("end")) or (_ms(events[-1]["t"]) if events else _ms(report.get("generated_at")))
+    stop = _ms((journal or {}).get("end")) or (_ms(events[-1]["t"]) if events else _ms(rep.generated_at))
 
     labels = [Label(LabelType.EPIC, "specchaos"), Label(LabelType.STORY, title), Label(LabelType.SUITE, title),
               Label(LabelType.SUB_SUITE, ", ".join(kinds) or "no fault"),
@@ -438,10 +445,10 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
               Label(LabelType.FRAMEWORK, "specchaos"), Label(LabelType.LANGUAGE, "python"),
               Label(LabelType.HOST, platform.node())]
     labels += [Label(LabelType.FEATURE, k) for k in kinds] + [Label(LabelType.TAG, t) for t in tags]
-    params = _params({"launcher": stack.get("launcher"), "target": (cfg.get("stack") or {}).get("target"),
-                      "draft": spec.get("draft"), "method": spec.get("method"),
-                      "k": spec.get("num_speculative_tokens"), "fault kinds": ", ".join(kinds) or "none",
-                      "seed": (cfg.get("load") or {}).get("seed"), "vLLM": stack.get("vllm_version")})
+    params = _params({"launcher": rep.stack.launcher, "target": (cfg.get("stack") or {}).get("target"),
+                      "draft": spec.draft, "method": spec.method, "k": spec.num_speculative_tokens,
+                      "fault kinds": ", ".join(kinds) or "none", "seed": (cfg.get("load") or {}).get("seed"),
+                      "vLLM": rep.stack.vllm_version})
     description = [str(doc.get("description") or "").strip(), f"Verdict: **{verdict}**."]
     if plot_error:
         description.append(f"({plot_error}; the verdict does not depend on the plot)")
@@ -463,7 +470,7 @@ def allure_result(run_dir: str | Path, report: dict[str, Any], journal: dict | N
 
     result = TestResult(
         uuid=uuid4(), name=title, fullName=_experiment_key(source, title), historyId=key, testCaseId=key,
-        status=STATUS.get(verdict, Status.UNKNOWN), statusDetails=_status_details(report),
+        status=STATUS.get(verdict, Status.UNKNOWN), statusDetails=_status_details(rep),
         description="\n\n".join(p for p in description if p), steps=steps, parameters=params, labels=labels,
         links=[link] if link else [], start=start, stop=stop, titlePath=["specchaos", title])
     return result, attachments
@@ -499,10 +506,64 @@ def executor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             "buildOrder": stamp}
 
 
+def _prop(text: object, key: bool = False) -> str:
+    """``text`` escaped for a Java ``.properties`` file (read as ISO-8859-1 by Allure):
+    backslashes, line breaks, non-ASCII as ``\\uXXXX``; in a key also spaces, ``:``, ``=``."""
+    out = []
+    for ch in str(text).replace("\n", " "):
+        if ch == "\\":
+            out.append("\\\\")
+        elif key and ch in " :=#!":
+            out.append("\\" + ch)
+        elif ord(ch) > 126:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _offset(t: float | None, t0: float | None) -> str:
+    return "?" if t is None or t0 is None else f"+{t - t0:.1f} s"
+
+
+def overview(report: dict[str, Any]) -> dict[str, str]:
+    """What the overview page says of one run (its Environment widget): ``verdict`` (the
+    verdict, the exit code and the failed checks), ``required`` (judged N of M, those not
+    judged) and ``timeline`` (each phase's start and length from the first phase's start,
+    and when each fault acted and was cleared)."""
+    rep = Report.model_validate(report)
+    failed = [c.name for c in rep.failed_checks()]
+    out = {"verdict": f"{rep.verdict.upper()} (exit code {EXIT_CODES.get(rep.verdict, 2)}); "
+                      + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "no check failed")}
+    if rep.errors:
+        out["errors"] = "; ".join(rep.errors)
+    req = rep.required
+    if req is not None and req.of:
+        missing = [f"{r.name} ({r.reason})" for r in req.checks if not r.judged]
+        out["required"] = f"judged {req.judged} of {req.of}" + (
+            f"; not judged: {', '.join(missing)}" if missing else "")
+    t0 = min((m.start for m in rep.phases.values() if m.start is not None), default=None)
+    parts = [f"{ph} {_offset(m.start, t0)} for {m.duration_s or 0:.1f} s" for ph, m in rep.phases.items()]
+    parts += [f"{f.kind} on {f.target} {_offset(f.injected_at, t0)}"
+              + (f" to {_offset(f.cleared_at, t0)}" if f.cleared_at is not None else "")
+              + ("" if f.acted else " (no evidence)") for f in rep.faults]
+    if parts:
+        out["timeline"] = "; ".join(parts)
+    return out
+
+
+#: The stack's keys of ``environment.properties`` (one value for every run in a results directory).
+_STACK_KEYS = ("vLLM", "launcher", "method", "draft", "k", "host", "python")
+
+
 def write_results_metadata(target: str | Path, report: dict[str, Any] | None = None) -> None:
     """Write Allure's files beside the results in ``target``: ``categories.json``,
-    ``executor.json`` and, given a report, ``environment.properties`` (the stack of that run;
-    the library has no writer for these)."""
+    ``executor.json`` and, given a report, ``environment.properties``: the stack of that run
+    (vLLM version, launcher, method, draft model name, k, host, Python) and, per
+    experiment, :func:`overview` as ``<experiment>: verdict`` etc. — the overview page's
+    Environment widget, so the page a person opens first says whether each run passed and
+    why. Another experiment's lines already in the file are kept (results of many runs
+    gathered in one directory); the library has no writer for these files."""
     t = Path(target)
     t.mkdir(parents=True, exist_ok=True)
     (t / "categories.json").write_text(json.dumps(CATEGORIES, indent=2) + "\n", encoding="utf-8")
@@ -510,13 +571,19 @@ def write_results_metadata(target: str | Path, report: dict[str, Any] | None = N
                                      + "\n", encoding="utf-8")
     if report is None:
         return
-    stack = report.get("stack") or {}
-    spec = stack.get("speculative") or {}
-    env = {"vLLM": stack.get("vllm_version"), "launcher": stack.get("launcher"), "method": spec.get("method"),
-           "draft": spec.get("draft"), "k": spec.get("num_speculative_tokens"), "host": platform.node(),
-           "python": platform.python_version()}
-    lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in env.items() if v is not None]
-    (t / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rep = Report.model_validate(report)
+    spec = rep.stack.speculative or Speculative()
+    env = {"vLLM": rep.stack.vllm_version, "launcher": rep.stack.launcher, "method": spec.method,
+           "draft": model_name(spec.draft) or None, "k": spec.num_speculative_tokens,
+           "host": platform.node(), "python": platform.python_version()}
+    title = rep.experiment or "experiment"
+    mine = _prop(f"{title}: ", key=True)
+    path = t / "environment.properties"
+    kept = [ln for ln in (path.read_text(encoding="latin-1").splitlines() if path.is_file() else [])
+            if ln and not ln.startswith(mine) and ln.split("=", 1)[0] not in _STACK_KEYS]
+    mine_lines = [f"{mine}{_prop(k, key=True)}={_prop(v)}" for k, v in overview(report).items()]
+    lines = mine_lines + kept + [f"{k}={_prop(v)}" for k, v in env.items() if v is not None]
+    path.write_text("\n".join(lines) + "\n", encoding="latin-1")
 
 
 def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = None, journal: dict | None = None,
@@ -539,9 +606,10 @@ def write_allure_results(run_dir: str | Path, report: dict[str, Any] | None = No
     """
     d = Path(run_dir)
     if report is None:
-        report = _read_json(d / "report.json")
-        if not isinstance(report, dict):
-            raise ValueError(f"{d / 'report.json'}: no readable report to publish")
+        try:   # read as its typed view: a file without the shape of a report is refused here
+            report = read_report(d / "report.json").to_dict()
+        except (OSError, ValueError) as exc:   # pydantic's ValidationError is a ValueError
+            raise ValueError(f"{d / 'report.json'}: no readable report to publish ({exc})") from exc
     if journal is None and (d / "journal.json").is_file():
         journal = _read_json(d / "journal.json")
     plot, plot_error = try_plot_timeline(d, title=str(report.get("experiment") or d.name))

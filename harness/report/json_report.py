@@ -58,6 +58,8 @@ Instants are epoch seconds, durations seconds. Schema (more fields may be presen
      "gpu": {"available", "note", "samples", "gpus": [{"index", "name", "temperature_c_max",
              "temperature_slope_c_per_min", "xid_events", "pcie_utilisation_p95", "sampler_wall_ms", ...}]}
             (the GPU telemetry per GPU, harness.checks.gpu.section),
+     "required": {"judged": int, "of": int, "checks": [{"name", "why", "judged", "checks", "reason"}]}
+                 (what the experiment requires to be judged, harness.checks.required),
      "restarts": int, "server_events": [...], "fault_evidence": [...],
      "errors": [str], "interrupted": bool, "journal_status": str|null,
      "steady_state": {...}, "generated_at": float,
@@ -75,10 +77,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.checks.base import CheckResult
+from harness.report.schema import SCHEMA_VERSION, Report
 
 __all__ = ["SCHEMA_VERSION", "jsonable", "build_report", "write_report", "read_report"]
-
-SCHEMA_VERSION = 1
 
 
 def jsonable(value: Any) -> Any:
@@ -151,6 +152,12 @@ def write_report(path: str | os.PathLike, report: dict[str, Any]) -> Path:
     return p
 
 
-def read_report(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a ``report.json``."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+def read_report(path: str | os.PathLike) -> Report:
+    """Load a ``report.json`` as its typed view (:class:`harness.report.schema.Report`;
+    ``.to_dict()`` gives the plain JSON back).
+
+    Raises:
+        OSError: the file cannot be read; ValueError: not JSON;
+        pydantic.ValidationError: JSON without the shape of a report.
+    """
+    return Report.model_validate_json(Path(path).read_text(encoding="utf-8"))

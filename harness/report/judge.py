@@ -18,6 +18,7 @@ from harness.checks.base import CheckResult, RecordedRun
 from harness.checks.config import CheckLimits
 from harness.checks.fault import method_skipped
 from harness.checks.registry import CHECKS
+from harness.checks.required import RequiredStatus, judge_required, required_checks, required_section
 from harness.checks.run import load_run
 from harness.checks.safeguards import ABORT_PREFIX, abort_event
 from harness.checks.verdict import verdict
@@ -26,6 +27,7 @@ from harness.load.records import is_complete, record_files, unreadable_lines
 from harness.metrics.availability import last_try, tries_by_logical
 from harness.report.json_report import build_report, jsonable
 from harness.timeline import count_restarts, server_events
+from faults.registry import REGISTRY
 
 #: The run error of a run whose method injected no fault.
 NO_FAULT_ERROR = "no fault was injected: the experiment tested nothing"
@@ -56,6 +58,26 @@ def _run_errors(run: RecordedRun, errors: list[str], interrupted: bool, skipped:
                 else "left no evidence that it acted")
         out.append(f"fault {f['fault_id']} ({f['kind']} on {f['target']}): {what}" + (f": {detail}" if detail else ""))
     return out
+
+
+def fault_requirements() -> dict[str, tuple[str, ...]]:
+    """The fault kinds whose class states its own required checks (a ``required_checks``
+    class attribute, tuple of names), read through the fault registry."""
+    out: dict[str, tuple[str, ...]] = {}
+    for kind, cls in REGISTRY.items():
+        names = getattr(cls, "required_checks", None)   # optional: most families use the defaults table
+        if names is not None:
+            out[kind] = tuple(names)
+    return out
+
+
+def run_requirements(run: RecordedRun, checks: list[CheckResult]) -> list[RequiredStatus]:
+    """The run's required checks (:mod:`harness.checks.required`: the ``judge`` block, else
+    the defaults of the faults it injected), each met or not by ``checks``."""
+    stack = getattr(run.limits, "stack", None)   # the stack block, when the limits carry it
+    required = required_checks([f["kind"] for f in run.faults], run.limits.judge, soak=run.soak,
+                               reference=bool(getattr(stack, "reference", True)), overrides=fault_requirements())
+    return judge_required(checks, required)
 
 
 def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
@@ -97,9 +119,13 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
                 broken.append(f"{name}: {len(bad)} line(s) are not request records (line {', '.join(map(str, bad[:5]))}"
                               f"{', ...' if len(bad) > 5 else ''}); they were not judged")
     aborted = abort_event(run.events) is not None
-    errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken, interrupted, skipped, aborted)
+    required = run_requirements(run, checks)
+    unmet = [] if aborted or skipped else [s.message for s in required if not s.judged]
+    errors = _run_errors(run, [str(e) for e in (meta.get("errors") or [])] + broken + unmet, interrupted, skipped,
+                         aborted)
     fault_acted = (bool(run.faults) or skipped or run.soak) and all(f["acted"] for f in run.faults)
-    v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted, aborted=aborted)
+    v = verdict(checks, fault_acted=fault_acted, errors=errors, interrupted=interrupted, aborted=aborted,
+                required=[] if aborted or skipped else required)
     records = run.records
     n_ok = sum(1 for r in records if is_complete(r)[0])
     logical = tries_by_logical(records)
@@ -116,6 +142,7 @@ def judge(run: RecordedRun, meta: dict[str, Any]) -> dict[str, Any]:
         restarts=count_restarts(run.events, "spec"),
         errors=errors,
         **sections,
+        required=required_section(required),
         interrupted=interrupted,
         fault_time=run.fault_time,
         fault_evidence=[e for e in run.events if e.get("event") == "fault_evidence"],

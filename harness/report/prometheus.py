@@ -9,8 +9,9 @@ Pushgateway (:func:`prometheus_client.push_to_gateway`, job ``prometheus.job``, 
 
 Read from ``report.json`` only (its typed view, :class:`harness.report.schema.Report`).
 Every metric is a gauge and carries the labels of :data:`RUN_LABELS`: ``experiment``
-(the title), ``launcher``, ``method``, ``draft``, ``k`` (``num_speculative_tokens``) and
-``vllm_version``. The metrics (units in the names: seconds, ratios in [0, 1]):
+(the title), ``launcher``, ``method``, ``draft`` (the draft model's name: the last part of
+its path), ``k`` (``num_speculative_tokens``) and ``vllm_version``. The metrics (units in
+the names: seconds, ratios in [0, 1]):
 
 ======================================== ===================== ==========================================
 metric                                   more labels           value
@@ -20,6 +21,8 @@ metric                                   more labels           value
 ``specchaos_run_timestamp_seconds``                            when the run was judged (epoch)
 ``specchaos_checks``                     result                checks passed / failed / not_judged
 ``specchaos_check_failed``               check, category       1 per failing check
+``specchaos_required_checks``            result                required checks: required / judged
+``specchaos_required_not_judged``        check                 1 per required check the run did not judge
 ``specchaos_restarts``                                         supervised restarts of the speculative server
 ``specchaos_recovery_seconds``           stage                 fault clear → healthy / first_success / slo
 ``specchaos_latency_seconds``            phase, metric, stat   TTFT, TPOT, ITL (per chunk), ITL per token,
@@ -49,7 +52,7 @@ left out rather than written as NaN.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, push_to_gateway, write_to_textfile
@@ -76,11 +79,17 @@ STATS = ("p50", "p95", "p99")
 RECOVERY = {"time_to_healthy_s": "healthy", "time_to_first_success_s": "first_success", "time_to_slo_s": "slo"}
 
 
+def model_name(path: str | None) -> str:
+    """A model's name from its path or hub id: the last part (``"/home/me/models/draft-exact"``
+    → ``"draft-exact"``; ``"org/model"`` → ``"model"``); ``""`` for None."""
+    return PurePosixPath(path.rstrip("/\\")).name if path else ""
+
+
 def _run_labels(rep: Report) -> list[str]:
     spec = rep.stack.speculative
     k = spec.num_speculative_tokens if spec else None
     return [rep.experiment, rep.stack.launcher or "", (spec.method if spec else None) or "",
-            (spec.draft if spec else None) or "", "" if k is None else str(k), rep.stack.vllm_version or ""]
+            model_name(spec.draft if spec else None), "" if k is None else str(k), rep.stack.vllm_version or ""]
 
 
 class _Families:
@@ -130,6 +139,14 @@ def metric_families(report: dict[str, Any]) -> list[Metric]:
     for c in rep.checks:
         if c.passed is False:
             f.add("specchaos_check_failed", "1 for each check that failed", 1, check=c.name, category=c.category or "")
+    if rep.required is not None:
+        doc = "Required checks of the run (what the experiment exists to judge) and how many were judged"
+        f.add("specchaos_required_checks", doc, rep.required.of, result="required")
+        f.add("specchaos_required_checks", doc, rep.required.judged, result="judged")
+        for r in rep.required.checks:
+            if not r.judged:
+                f.add("specchaos_required_not_judged", "1 for each required check the run did not judge", 1,
+                      check=r.name)
     f.add("specchaos_restarts", "Supervised restarts of the speculative server", rep.restarts)
     if rep.recovery is not None:
         for field, stage in RECOVERY.items():

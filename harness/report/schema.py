@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.report.json_report import SCHEMA_VERSION
 
-__all__ = ["Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "report_schema",
-           "REPORT_SCHEMA_ID"]
+__all__ = ["SCHEMA_VERSION", "Report", "Phase", "Distribution", "Check", "FaultRecord", "AcceptanceCounts", "Required",
+           "report_schema", "REPORT_SCHEMA_ID"]
+
+#: The report's ``schema_version``: raised when a field changes meaning or goes away.
+SCHEMA_VERSION = 1
 
 #: ``$id`` of the published schema.
 REPORT_SCHEMA_ID = f"urn:specchaos:schema:report:v{SCHEMA_VERSION}"
@@ -251,6 +253,27 @@ class Steps(_Open):
     steps: list[Step] = Field(default_factory=list)
 
 
+class RequiredCheck(_Open):
+    """One required check (:mod:`harness.checks.required`): a family, category or check
+    name, why it is required (``judge.required`` or ``default for <fault kind>``), whether
+    the run judged it, how many of the run's checks belong to it, and why not."""
+
+    name: str
+    why: str | None = None
+    judged: bool
+    checks: int | None = None
+    reason: str | None = None
+
+
+class Required(_Open):
+    """What the experiment exists to judge: ``judged`` of ``of`` required checks were
+    judged; one that was not makes the verdict ``error``."""
+
+    judged: int
+    of: int
+    checks: list[RequiredCheck] = Field(default_factory=list)
+
+
 class OverrideRecord(_Open):
     path: str
     value: Any = None
@@ -281,9 +304,23 @@ class Report(_Open):
     acceptance_floor: AcceptanceFloor | None = None
     speculation: Speculation | None = None
     steps: Steps | None = None
+    required: Required | None = None
     generated_at: float | None = None
     source: str | None = None
     overrides: list[OverrideRecord] = Field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as ``report.json`` holds it: every field it was read with, by its JSON
+        name (``p99.9``, ``from``); fields absent from the file stay absent."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def failed_checks(self) -> list[Check]:
+        """The checks that failed (``passed`` false), in report order."""
+        return [c for c in self.checks if c.passed is False]
+
+    def not_judged(self) -> list[Check]:
+        """The checks that were not judged (``passed`` null), in report order."""
+        return [c for c in self.checks if c.passed is None]
 
 
 def report_schema() -> dict[str, Any]:

@@ -10,7 +10,11 @@ client-side acceptance per prompt bucket × sampling class × phase, speculative
 ``/metrics`` counted it (acceptance rate, mean acceptance length, per-position acceptance)
 with each server's RSS swing, recovery times, integrity counts, then every check
 with PASS/FAIL (or N/J: not judged, with the reason) and observed vs limit, failed first,
-then not judged. Reads only the report dict.
+then not judged (checks of one category not judged for one reason, as every GPU check on a
+host without a GPU, in one row). It ends,
+as pytest ends with its summary line, with the closing lines: the run errors, the required
+checks (judged N of M, each one not judged with its reason), the failed checks, and last
+the verdict with the exit code. Reads only the report dict.
 """
 
 from __future__ import annotations
@@ -21,24 +25,14 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["render_summary", "print_summary"]
+from harness.checks.registry import CHECKS
+from harness.checks.verdict import EXIT_CODES
+from harness.checks.view import Line, View, enough, lat, num
+
+__all__ = ["render_summary", "print_summary", "required_line"]
 
 _PHASES = ("baseline", "fault", "recovery", "after")
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "aborted": "bold red", "error": "bold yellow"}
-
-
-def _ms(v: Any) -> str:
-    return "—" if v is None else f"{v * 1000:.0f}" if v >= 0.1 else f"{v * 1000:.1f}"
-
-
-def _num(v: Any, fmt: str = ".3g") -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (int, float)):
-        return format(v, fmt) if isinstance(v, float) else str(v)
-    return str(v)
 
 
 def _verdict_line(report: dict[str, Any]) -> Text:
@@ -68,24 +62,15 @@ def _verdict_line(report: dict[str, Any]) -> Text:
     workload = workload_line(report.get("load"))
     if workload:
         t.append("\n" + workload, style="dim")
-    for e in report.get("errors") or []:
-        t.append(f"\nerror: {e}", style="yellow")
     if report.get("interrupted"):
         t.append("\ninterrupted", style="yellow")
-    ab = (report.get("safeguards") or {}).get("abort")
-    if ab:
-        lat = ab.get("detection_latency_s")
-        t.append(f"\n{ab.get('reason')}", style="bold red")
-        t.append(f" (detection latency {'—' if lat is None else f'{lat:.2f} s'} beyond for_s"
-                 + (f", {ab['fault_to_abort_s']:.2f} s after the fault" if ab.get("fault_to_abort_s") is not None
-                    else "") + "; rollbacks ran)", style="red")
     return t
 
 
 def _class_label(c: dict[str, Any]) -> str:
     """A request class in the workload line: ``"talk (chat, 3 turns, weight 1)"``."""
     turns = f", {c['turns']} turns" if (c.get("turns") or 1) > 1 else ""
-    return f"{c.get('name')} ({c.get('endpoint')}{turns}, weight {_num(c.get('weight'))})"
+    return f"{c.get('name')} ({c.get('endpoint')}{turns}, weight {num(c.get('weight'))})"
 
 
 def workload_line(load: Any) -> str:
@@ -97,10 +82,10 @@ def workload_line(load: Any) -> str:
     p = load.get("profile") or {}
     src = load.get("source") or {}
     if p.get("kind") == "open" and p.get("rate") is None:
-        what = (f"open loop at the trace's timestamps (speedup {_num(src.get('speedup'))}, repeats every "
-                f"{_num(src.get('period_s'))} s), max in flight {p.get('max_in_flight')}")
+        what = (f"open loop at the trace's timestamps (speedup {num(src.get('speedup'))}, repeats every "
+                f"{num(src.get('period_s'))} s), max in flight {p.get('max_in_flight')}")
     elif p.get("kind") == "open":
-        what = f"open loop {_num(p.get('rate'))} req/s, burstiness {_num(p.get('burstiness'))}, " \
+        what = f"open loop {num(p.get('rate'))} req/s, burstiness {num(p.get('burstiness'))}, " \
                f"max in flight {p.get('max_in_flight')}"
     else:
         what = f"closed loop {p.get('users')} users"
@@ -108,7 +93,7 @@ def workload_line(load: Any) -> str:
         what += f" (ramp{'' if p.get('ramp') else ' none'}, {len(p.get('steps') or [])} steps)"
     r = load.get("retry") or {}
     if r.get("max_retries"):
-        retry = (f"retry {r.get('backoff')} {_num(r.get('initial_s'))}..{_num(r.get('max_s'))} s "
+        retry = (f"retry {r.get('backoff')} {num(r.get('initial_s'))}..{num(r.get('max_s'))} s "
                  f"x{r.get('max_retries')}, jitter {r.get('jitter')}")
     else:
         retry = "no retries"
@@ -122,39 +107,36 @@ def workload_line(load: Any) -> str:
     return f"workload: {what}; {retry}{dropped}; seed {load.get('seed')}, plan {str(load.get('plan_digest', ''))[:16]}"
 
 
-def _enough(m: dict[str, Any]) -> bool:
-    """Whether a phase's (or bucket's) latency figures rest on enough requests; reports
-    written before ``enough_samples`` existed count as enough."""
-    return m.get("enough_samples", True) is not False
-
-
-def _lat(m: dict[str, Any], key: str) -> str:
-    """``p50/p95`` in ms of one latency metric, or ``n=K`` when the figures rest on fewer
-    than ``metrics.min_samples`` complete requests."""
-    if not _enough(m):
-        return f"n={m.get('complete', 0)}"
-    d = m.get(key) or {}
-    return f"{_ms(d.get('p50'))}/{_ms(d.get('p95'))}"
+def phase_figures(report: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """The per-phase figures the check families add to the phase table
+    (:attr:`harness.checks.registry.CheckFamily.phase_figures`): ``{name: {phase: value}}``,
+    in the registry's order."""
+    out: dict[str, dict[str, float | None]] = {}
+    for family in CHECKS.values():
+        if family.phase_figures is not None:
+            out.update(family.phase_figures(report.get(family.name)))
+    return out
 
 
 def _phase_table(report: dict[str, Any]) -> Table:
-    """Per phase: requests (logical), failed, tries, seconds unavailable, tokens/s, goodput, tok/step."""
+    """Per phase: requests (logical), failed, tries, seconds unavailable, tokens/s, goodput,
+    then the families' figures (e.g. tok/step, the client-side mean acceptance length)."""
     tab = Table(title="phases: requests and availability", title_justify="left")
-    for col in ("phase", "s", "requests", "failed", "tries", "unavailable s", "tokens/s", "goodput/s", "tok/step"):
+    figures = phase_figures(report)
+    for col in ("phase", "s", "requests", "failed", "tries", "unavailable s", "tokens/s", "goodput/s", *figures):
         tab.add_column(col, justify="left" if col == "phase" else "right")
     phases = report.get("phases") or {}
     for ph in _PHASES:
         m = phases.get(ph)
         if m is None:
-            tab.add_row(ph, *["—"] * 8, style="dim")
+            tab.add_row(ph, *["—"] * (7 + len(figures)), style="dim")
             continue
-        tps, tpc, gp, un = (m.get("output_tokens_per_s"), _tokens_per_step(report, ph), m.get("goodput_rps"),
-                            m.get("unavailable_s"))
+        tps, gp, un = m.get("output_tokens_per_s"), m.get("goodput_rps"), m.get("unavailable_s")
         dur = m.get("duration_s")
         tab.add_row(ph, "—" if dur is None else f"{dur:.1f}", str(m.get("requests", 0)), str(m.get("errors", 0)),
                     str(m.get("tries", m.get("requests", 0))), "—" if un is None else f"{un:.2f}",
                     "—" if tps is None else f"{tps:.1f}", "—" if gp is None else f"{gp:.2f}",
-                    "—" if tpc is None else f"{tpc:.2f}")
+                    *("—" if f.get(ph) is None else f"{f[ph]:.2f}" for f in figures.values()))
     return tab
 
 
@@ -189,15 +171,15 @@ def _latency_table(report: dict[str, Any]) -> Table:
         if m is None:
             tab.add_row(ph, *["—"] * 6, style="dim")
             continue
-        tab.add_row(ph, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
-                    style=None if _enough(m) else "dim")
+        tab.add_row(ph, str(m.get("complete", "—")), *(lat(m, k) for k in _LATENCY_KEYS),
+                    style=None if enough(m) else "dim")
     return tab
 
 
 def _latency_notes(report: dict[str, Any]) -> Text | None:
     """What ``n=K`` means, and where thin or mixed latency figures come from."""
     phases = report.get("phases") or {}
-    thin = [ph for ph in _PHASES if ph in phases and not _enough(phases[ph])]
+    thin = [ph for ph in _PHASES if ph in phases and not enough(phases[ph])]
     notes = []
     if thin:
         k = next((phases[ph].get("min_samples") for ph in thin if phases[ph].get("min_samples")), None)
@@ -219,198 +201,75 @@ def _group_table(report: dict[str, Any], key: str, what: str, col: str) -> Table
         tab.add_column(name, justify="left" if name in ("phase", col) else "right")
     for ph in _PHASES:
         for group, m in ((phases.get(ph) or {}).get(key) or {}).items():
-            tab.add_row(ph, group, str(m.get("complete", "—")), *(_lat(m, k) for k in _LATENCY_KEYS),
-                        style=None if _enough(m) else "dim")
+            tab.add_row(ph, group, str(m.get("complete", "—")), *(lat(m, k) for k in _LATENCY_KEYS),
+                        style=None if enough(m) else "dim")
     return tab
 
 
 _LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "itl_per_token_s", "e2e_s")
 
 
-def _tokens_per_step(report: dict[str, Any], phase: str) -> float | None:
-    """Mean acceptance length (tokens per engine step, as vLLM defines it) of a phase, from
-    the client-side acceptance section; None when not measured."""
-    ph = ((report.get("acceptance_floor") or {}).get("phases") or {}).get(phase) or {}
-    return (ph.get("total") or {}).get("mean_acceptance_length")
+#: Checks of one category not judged for one reason, at least this many, show as one row.
+COLLAPSE_AT = 3
 
 
-def _acceptance_cell(t: dict[str, Any] | None, mark: str = "") -> str:
-    """``"rate / mean acceptance length"`` of a tally (``—`` when not measured)."""
-    if not t or t.get("acceptance_rate") is None:
-        return "—"
-    return f"{t['acceptance_rate']:.2f} / {t['mean_acceptance_length']:.2f}{mark}"
-
-
-def _acceptance_table(report: dict[str, Any]) -> RenderableType:
-    """Client-side acceptance rate and mean acceptance length per bucket × sampling class × phase."""
-    sec = report.get("acceptance_floor") or {}
-    title = ("speculation, client side (acceptance rate / mean acceptance length in tokens per step, "
-             f"k={sec.get('num_speculative_tokens')})")
-    if not sec.get("phases"):
-        return Text(f"speculation, client side: {sec.get('note') or 'not measured'}", style="dim")
-    tab = Table(title=title, title_justify="left")
-    for col in ("bucket", "sampling", *_PHASES):
-        tab.add_column(col, justify="left" if col in ("bucket", "sampling") else "right")
-    floors = {(r.get("phase"), r.get("bucket"), r.get("sampling")): r for r in sec.get("floors") or []}
-    rows = sorted({(b, s) for ph in sec["phases"].values() for b, cls in (ph.get("buckets") or {}).items() for s in cls})
-    for bucket, cls in rows:
-        cells = []
-        for ph in _PHASES:
-            t = (((sec["phases"].get(ph) or {}).get("buckets") or {}).get(bucket) or {}).get(cls)
-            f = floors.get((ph, bucket, cls)) or {}
-            measured = bool(t) and t.get("acceptance_rate") is not None
-            mark = "" if not (f.get("judged") and measured) else (" ✓" if t["acceptance_rate"] >= f["floor"] else " ✗")
-            cells.append(_acceptance_cell(t, mark))
-        tab.add_row(bucket, cls, *cells)
-    # per request class (load.request_classes), every bucket and sampling class pooled
-    for name in sorted({c for ph in sec["phases"].values() for c in ph.get("request_classes") or {}}):
-        tab.add_row(f"class {name}", "all", *(_acceptance_cell(
-            ((sec["phases"].get(ph) or {}).get("request_classes") or {}).get(name)) for ph in _PHASES))
-    notes = [str(sec["note"])] if sec.get("note") else []
-    for c in sec.get("speculation_changes") or []:
-        notes.append(f"speculative settings changed at {c['t']:.3f}: "
-                     + (f"{c['method']}, k={c['num_speculative_tokens']}" if c.get("method") else "no speculation"))
-    if notes:
-        tab.caption = "; ".join(notes)
-    return tab
-
-
-def _recovery_integrity(report: dict[str, Any]) -> Table:
-    tab = Table(title="recovery and integrity", title_justify="left", show_header=False)
-    tab.add_column("what")
-    tab.add_column("value", justify="right")
-    rec = report.get("recovery") or {}
-    for key, label in (("time_to_healthy_s", "time to healthy"), ("time_to_first_success_s", "time to first success"),
-                       ("time_to_slo_s", "time to SLO")):
-        v = rec.get(key)
-        tab.add_row(label, "never" if v is None else f"{v:.2f} s")
-    if rec.get("resolution_s") is not None:
-        tab.add_row("recovery resolution", f"{rec['resolution_s'] * 1000:.0f} ms")
-    integ = report.get("integrity") or {}
-    for key in ("compared", "mismatched", "near_ties", "malformed", "cut_by_planned_stop", "false_success",
-                "not_comparable"):
-        if key in integ:
-            tab.add_row(key.replace("_", " "), str(integ[key]))
-    if integ.get("first_divergence"):
-        tab.add_row("first divergence", str(integ["first_divergence"]))
-    for name, cls in (integ.get("classes") or {}).items():
-        tab.add_row(f"class {name}", _class_line(cls))
-    g = report.get("gpu") or {}
-    if g.get("available") is False and g.get("note"):
-        tab.add_row("GPU telemetry", str(g["note"]))
-    elif g.get("available"):
-        tab.add_row("GPU telemetry", f"{len(g.get('gpus') or [])} GPU(s), {g.get('samples')} samples (gpu.jsonl)")
-    gpu_mem_note = (report.get("server_memory") or {}).get("gpu_note")
-    if gpu_mem_note:
-        tab.add_row("GPU memory swing", f"not judged: {gpu_mem_note}")
-    return tab
-
-
-def _class_line(section: dict[str, Any]) -> str:
-    """One request class's line (``integrity.classes.NAME``): its finished responses and,
-    per invariant, violations of judged (``"12 responses; stop 0/12, usage 1/12"``)."""
-    invs = section.get("invariants") or {}
-    parts = [f"{inv} {e['violations']}/{e['judged']}" for inv, e in invs.items()]
-    return f"{section.get('responses', 0)} responses" + ("; " + ", ".join(parts) if parts else "")
+def _collapse(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Checks of one category not judged for one and the same reason (every GPU check on a
+    host without a GPU) as one row ``<category>.* (N checks)``, where the first of them was."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in checks:
+        if c.get("passed") is None:
+            groups.setdefault((str(c.get("category")), str(c.get("detail") or "")), []).append(c)
+    out = list(checks)
+    for (category, detail), members in groups.items():
+        if len(members) < COLLAPSE_AT:
+            continue
+        at = out.index(members[0])
+        out[at] = {"name": f"{category}.* ({len(members)} checks)", "category": category, "passed": None,
+                   "observed": None, "limit": None, "detail": detail}
+        out = [c for c in out if not any(c is m for m in members[1:])]
+    return out
 
 
 def _checks_table(report: dict[str, Any]) -> Table:
     tab = Table(title="checks (failed first; N/J = not judged, neither passed nor failed)", title_justify="left")
     for col in ("", "check", "observed", "limit", "detail"):
         tab.add_column(col, overflow="fold")
-    checks = list(report.get("checks") or [])
+    checks = _collapse(list(report.get("checks") or []))
     rank = {False: 0, None: 1, True: 2}
     checks.sort(key=lambda c: rank[None if c.get("passed") is None else bool(c.get("passed"))])  # stable
     for c in checks:
         p = c.get("passed")
         mark = (Text("N/J", style="yellow") if p is None else Text("PASS", style="green") if p
                 else Text("FAIL", style="bold red"))
-        tab.add_row(mark, str(c.get("name")), _num(c.get("observed")), _num(c.get("limit")), str(c.get("detail") or ""))
+        tab.add_row(mark, str(c.get("name")), num(c.get("observed")), num(c.get("limit")), str(c.get("detail") or ""))
     return tab
 
 
-def _mirror_table(report: dict[str, Any]) -> Table | None:
-    """Speculative vs plain (mirror mode): per phase × bucket × sampling class, median
-    TTFT, TPOT and E2E of both servers, TPOT spec ÷ plain, and the speedup."""
-    m = report.get("mirror") or {}
-    if not m.get("enabled"):
-        return None
-    tab = Table(title="speculative vs plain (mirror mode; p50 in ms as spec/plain; TPOT ratio = spec ÷ plain, "
-                      "speedup = plain ÷ spec TPOT)", title_justify="left")
-    for col in ("phase", "bucket", "sampling", "n spec/plain", "TTFT", "TPOT", "E2E", "TPOT ratio", "speedup"):
-        tab.add_column(col, justify="left" if col in ("phase", "bucket", "sampling") else "right")
-    for g in m.get("groups") or []:
-        s, r = g.get("spec") or {}, g.get("ref") or {}
+_LINE_STYLE = {"note": "dim", "alert": "bold red", "": None}
 
-        def sr(key: str) -> str:
-            return f"{_ms((s.get(key) or {}).get('p50'))}/{_ms((r.get(key) or {}).get('p50'))}"
 
-        ratio = (g.get("ratio") or {}).get("tpot_p50")
-        sp = g.get("speedup")
-        tab.add_row(g.get("phase", ""), g.get("bucket", ""), g.get("sampling", ""),
-                    f"{s.get('complete', 0)}/{r.get('complete', 0)}", sr("ttft_s"), sr("tpot_s"), sr("e2e_s"),
-                    "—" if ratio is None else f"{ratio:.2f}", "—" if sp is None else f"{sp:.2f}×",
-                    style=None if g.get("judged") else "dim")
+def _render_view(view: View) -> RenderableType:
+    """A family's view (:mod:`harness.checks.view`) as a rich renderable."""
+    if isinstance(view, Line):
+        return Text(view.text, style=_LINE_STYLE.get(view.style) or "")
+    tab = Table(title=view.title, title_justify="left", show_header=view.header,
+                caption=view.caption or None)
+    for i, col in enumerate(view.columns):
+        tab.add_column(col, justify="left" if i < view.labels or not view.header else "right")
+    for i, row in enumerate(view.rows):
+        tab.add_row(*row, style="dim" if i in view.dim else None)
     return tab
 
 
-def _pct(v: Any) -> str:
-    return "—" if v is None else f"{v * 100:.1f}%"
-
-
-def _speculation_table(report: dict[str, Any]) -> Table | None:
-    """Per server and phase, speculative decoding as vLLM's /metrics counted it (acceptance
-    rate, mean acceptance length, per-position acceptance) and the server's RSS swing."""
-    spec = report.get("speculation") or {}
-    mem = (report.get("server_memory") or {}).get("servers") or {}
-    servers = spec.get("servers") or {}
-    if not servers:
-        return None
-    tab = Table(title="speculative decoding (vLLM /metrics; server memory)", title_justify="left")
-    for col in ("server", "phase", "acceptance rate", "mean acceptance length", "per-position acceptance",
-                "draft tokens", "gaps/restarts", "RSS swing"):
-        tab.add_column(col, justify="left" if col in ("server", "phase", "per-position acceptance") else "right")
-    for name, sv in servers.items():
-        for ph in _PHASES:
-            m = (sv.get("phases") or {}).get(ph)
-            if m is None:
-                continue
-            if not sv.get("speculative"):
-                rate, length, pos, tokens = "—", "—", "no speculation", "—"
-            else:
-                mal = m.get("mean_acceptance_length")
-                rate, length = _pct(m.get("acceptance_rate")), "—" if mal is None else f"{mal:.2f}"
-                pos = " ".join(f"{v:.2f}" for v in m.get("per_position_acceptance") or []) or "—"
-                tokens = f"{m.get('draft_tokens', 0):.0f}"
-            sw = ((mem.get(name) or {}).get(ph) or {}).get("swing")
-            tab.add_row(name, ph, rate, length, pos, tokens, f"{m.get('gaps', 0)}/{m.get('resets', 0)}", _pct(sw))
-    return tab
-
-
-def _steps_table(report: dict[str, Any]) -> Table | None:
-    """Per load step (:mod:`harness.metrics.steps`): the level (users or requests/s), when
-    it ran, the phases it overlaps, requests, failed, p50/p95 ms of TTFT, TPOT and E2E,
-    output tokens/s, goodput/s and the acceptance rate; None for a constant profile."""
-    sec = report.get("steps") or {}
-    steps = sec.get("steps") or []
-    if not steps:
-        return None
-    unit = "users" if sec.get("unit") == "users" else "req/s"
-    tab = Table(title=f"per load step ({unit}): latency in ms (p50/p95)", title_justify="left")
-    for col in ("step", unit, "from s", "phases", "requests", "failed", "TTFT", "TPOT", "E2E", "tokens/s",
-                "goodput/s", "acceptance"):
-        tab.add_column(col, justify="left" if col in ("step", "phases") else "right")
-    for st in steps:
-        level = st.get("level")
-        label = f"{level:g}" if st.get("kind") == "level" else f"{st.get('from', 0):.3g}→{st.get('to', 0):.3g}"
-        acc = (st.get("acceptance") or {}).get("acceptance_rate")
-        tps, gp = st.get("output_tokens_per_s"), st.get("goodput_rps")
-        tab.add_row(f"{st.get('index')} {st.get('kind')}", label, f"{st.get('offset_s', 0):.0f}",
-                    ",".join(st.get("phases") or []), str(st.get("requests", 0)), str(st.get("errors", 0)),
-                    *(_lat(st, k) for k in ("ttft_s", "tpot_s", "e2e_s")),
-                    "—" if tps is None else f"{tps:.1f}", "—" if gp is None else f"{gp:.2f}",
-                    "—" if acc is None else f"{acc:.2f}", style=None if _enough(st) else "dim")
-    return tab
+def family_views(report: dict[str, Any]) -> list[View]:
+    """Every check family's views of its section, in the registry's order
+    (:attr:`harness.checks.registry.CheckFamily.summarize`)."""
+    out: list[View] = []
+    for family in CHECKS.values():
+        if family.summarize is not None:
+            out += family.summarize(report.get(family.name))
+    return out
 
 
 def render_summary(report: dict[str, Any]) -> RenderableType:
@@ -423,11 +282,38 @@ def render_summary(report: dict[str, Any]) -> RenderableType:
         table = _group_table(report, key, what, col)
         if table is not None:
             parts.append(table)
-    parts.append(_acceptance_table(report))
-    for optional in (_steps_table(report), _speculation_table(report), _mirror_table(report)):
-        if optional is not None:
-            parts.append(optional)
-    return Group(*parts, _recovery_integrity(report), _checks_table(report))
+    parts += [_render_view(v) for v in family_views(report)]
+    return Group(*parts, _checks_table(report), _closing(report))
+
+
+def required_line(report: dict[str, Any]) -> str | None:
+    """``"required: judged N of M (names)"`` from ``report["required"]``; None without it."""
+    req = report.get("required")
+    if not isinstance(req, dict) or not req.get("of"):
+        return None
+    names = ", ".join(str(r.get("name")) for r in req.get("checks") or [])
+    return f"required: judged {req.get('judged', 0)} of {req['of']} ({names})"
+
+
+def _closing(report: dict[str, Any]) -> Text:
+    """The last lines on screen: run errors, required checks, failed checks, then the
+    verdict with its exit code."""
+    v = str(report.get("verdict", "?"))
+    t = Text("\n" + "─" * 40 + "\n", style="dim")
+    for e in report.get("errors") or []:
+        t.append(f"error: {e}\n", style="yellow")
+    line = required_line(report)
+    if line:
+        t.append(line + "\n")
+    failed = [c for c in report.get("checks") or [] if c.get("passed") is False]
+    for c in failed:
+        t.append("FAIL ", style="bold red")
+        t.append(f"{c.get('name')}: {c.get('detail') or ''}\n")
+    t.append(v.upper(), style=_VERDICT_STYLE.get(v, "bold"))
+    t.append(f"  {report.get('experiment', '')}: {len(failed)} failed check(s), "
+             f"{sum(1 for c in report.get('checks') or [] if c.get('passed') is None)} not judged; "
+             f"exit code {EXIT_CODES.get(v, 2)}")
+    return t
 
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:

@@ -70,3 +70,10 @@ def test_load_run_reads_the_open_loops_account(tmp_path):
     (c,) = check(run)
     assert c.passed is False
     assert load_run(tmp_path / "missing", SpecchaosConfig()).load_stats is None
+
+
+def test_the_summary_line_names_the_lag_figures():
+    from harness.checks.pacing import summarize
+    (line,) = summarize(section(run_with(stats_with(BEHIND), None)))
+    assert line.text.startswith("pacer: 5000 arrivals, 0 dropped; lag p50/p95/p99/max ") and "than 10 ms 2.0%" in line.text
+    assert summarize(None) == []

@@ -18,7 +18,7 @@ from harness.load.config import LoadConfig
 from harness.load.records import RequestRecord
 from harness.load.prompts import Prompt
 from harness.report.schema import Integrity
-from harness.report.summary import _class_line
+from harness.checks.integrity import _class_line
 
 from tests.factories import make_record
 from tests.fakes import run_fake

@@ -20,6 +20,7 @@ import pytest
 
 from harness.pytest_plugin import ExperimentFailed, failure_message
 from harness.report.allure import CATEGORIES, _status_details, executor
+from harness.report.schema import Report
 from tests.ci.helpers import PLUGIN, ROOT, env
 from tests.experiment.fast_e2e import fast_experiment
 from tests.report.allure_tools import generate, need
@@ -35,7 +36,8 @@ def _matching(message: str, status: str) -> list[str]:
 def _report(*failing: str) -> dict:
     checks = [{"name": n, "passed": False, "observed": 2.0, "limit": 1.0, "detail": f"{n} over its limit"}
               for n in failing] + [{"name": "integrity.mismatched", "passed": True, "observed": 0, "limit": 0}]
-    return {"experiment": "x", "verdict": "fail", "errors": [], "checks": checks}
+    return {"schema_version": 1, "experiment": "x", "verdict": "fail", "stack": {}, "faults": [], "phases": {},
+            "requests": {"total": 0, "ok": 0, "failed": 0}, "restarts": 0, "errors": [], "checks": checks}
 
 
 @pytest.mark.parametrize("failing, categories", [
@@ -56,7 +58,7 @@ def test_categories_match_both_failure_messages(failing, categories):
     rep = _report(*failing)
     pytest_message = f"{ExperimentFailed.__module__}.ExperimentFailed: {failure_message(rep)}"   # exconly()
     assert _matching(pytest_message, "failed") == categories, pytest_message
-    assert _matching(_status_details(rep).message, "failed") == categories
+    assert _matching(_status_details(Report.model_validate(rep)).message, "failed") == categories
     assert _matching(pytest_message, "broken") == ["harness error"]
 
 

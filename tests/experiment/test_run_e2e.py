@@ -76,6 +76,10 @@ def test_default_experiment_passes(default_run):
     failed = [c for c in rep["checks"] if c["passed"] is False]
     assert rep["verdict"] == "pass", f"failed checks: {failed}; errors: {rep.get('errors')}"
     assert default_run["rc"] == 0
+    # what the kill exists to judge was judged on the real stack
+    assert [(r["name"], r["judged"]) for r in rep["required"]["checks"]] == [
+        ("recovery", True), ("fail_fast", True), ("integrity", True)]
+    assert (rep["required"]["judged"], rep["required"]["of"]) == (3, 3)
 
 
 def test_every_phase_has_requests(default_run):

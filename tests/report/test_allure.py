@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -174,8 +175,54 @@ def test_a_passed_run_gives_one_result_with_steps_params_labels_link_and_attachm
     assert "vLLM=0.32.0" in env and "launcher=local" in env and "k=4" in env
     cats = json.loads((run_dir / RESULTS_DIR / "categories.json").read_text())
     assert [c["name"] for c in cats] == ["SLO", "integrity", "recovery", "liveness and hang", "speculation",
-                                         "memory and drift", "harness error"]
+                                         "memory and drift", "required check not judged", "harness error"]
     assert json.loads((run_dir / RESULTS_DIR / "executor.json").read_text())["reportName"] == "specchaos"
+
+
+def properties(path: Path) -> dict[str, str]:
+    """``environment.properties`` read as Allure reads it (Java's Properties: ISO-8859-1, escapes)."""
+    out = {}
+    for line in path.read_text(encoding="latin-1").splitlines():
+        key, _, value = re.split(r"(?<!\\)(=)", line, maxsplit=1)
+        out[unescape(key)] = unescape(value)
+    return out
+
+
+def unescape(text: str) -> str:
+    return re.sub(r"\\u([0-9a-f]{4})|\\(.)", lambda m: chr(int(m[1], 16)) if m[1] else m[2], text)
+
+
+def test_the_overview_says_the_verdict_the_failed_checks_the_required_and_the_timeline(run_dir, monkeypatch, tmp_path):
+    """The Environment widget of the overview page: per experiment its verdict with the exit
+    code and failed checks, the required checks judged, the timeline; runs gathered in one
+    directory keep each other's lines."""
+    shared = tmp_path / "shared"
+    monkeypatch.setenv(ALLURE_DIR_ENV, str(shared))
+    ok = judged(run_dir)
+    write_allure_results(run_dir, ok, journal())
+    env = properties(run_dir / RESULTS_DIR / "environment.properties")
+    title = META["experiment"]
+    assert env[f"{title}: verdict"] == "PASS (exit code 0); no check failed"
+    assert env[f"{title}: required"] == "judged 3 of 3"
+    assert env[f"{title}: timeline"].startswith("baseline +0.0 s for 30.0 s; fault +30.0 s for 20.0 s")
+    assert "process-kill on spec/worker +30.5 s to +45.0 s" in env[f"{title}: timeline"]
+    assert env["launcher"] == "local" and env["draft"] == "draft-exact"
+
+    other = judged(run_dir, meta={**META, "experiment": "no reference"},
+                   limits=cfg(stack={"reference": False}, integrity={"min_compared": 0},
+                              judge={"required": ["recovery", "integrity"]}))
+    assert other["verdict"] == "error"
+    write_allure_results(run_dir, other, journal())
+    env = properties(shared / "environment.properties")
+    assert env[f"{title}: verdict"].startswith("PASS")   # the first run's lines kept
+    assert env["no reference: verdict"] == "ERROR (exit code 2); no check failed"
+    assert env["no reference: required"].startswith("judged 1 of 2; not judged: integrity (integrity.mismatched: no "
+                                                    "reference server")
+    assert env["no reference: errors"].startswith("required check integrity not judged: ")
+    res = result_of(run_dir / RESULTS_DIR)
+    assert res["status"] == "broken"
+    (cat,) = [c for c in json.loads((shared / "categories.json").read_text()) if c["name"] == "required check not judged"]
+    assert re.fullmatch(cat["messageRegex"].removeprefix("(?s)"), res["statusDetails"]["message"], re.S)
 
 
 def test_a_failed_run_is_failed_with_the_failing_checks_as_message(run_dir):

@@ -25,5 +25,7 @@ def test_build_and_write_report(tmp_path):
     assert rep["checks"][0]["observed"] is None and rep["checks"][1]["name"] == "b"
     assert rep["extra_field"] == 2.0
     p = write_report(tmp_path / "sub" / "report.json", rep)
-    assert read_report(p) == rep
+    typed = read_report(p)
+    assert typed.verdict == "pass" and typed.checks[1].passed is False and typed.failed_checks()[0].name == "b"
+    assert typed.to_dict() == rep   # every field kept, extra ones too
     assert not list((tmp_path / "sub").glob("*.tmp"))

@@ -136,7 +136,7 @@ def test_clean_kill_and_restart_passes_with_full_schema(tmp_path):
 
     # strict JSON round trip
     p = write_report(d / "report.json", rep)
-    assert read_report(p) == json.loads(json.dumps(rep))
+    assert read_report(p).to_dict() == json.loads(json.dumps(rep))
 
 
 def test_fault_without_evidence_is_error(tmp_path):
@@ -342,3 +342,32 @@ def test_a_quiet_safeguard_passes(tmp_path):
     rep = judge_run(d, SpecchaosConfig(safeguards=[sg]), META)
     assert rep["verdict"] == "pass", [c for c in rep["checks"] if not c["passed"]]
     assert by_name(rep)["safeguards.error_rate"]["passed"] and rep["safeguards"]["abort"] is None
+
+
+def test_a_required_check_that_was_not_judged_is_an_error_naming_it(tmp_path):
+    d = write_run(tmp_path / "run")   # a clean kill, but judged without a reference server
+    off = {"stack": {"reference": False}, "integrity": {"min_compared": 0}}
+    rep = judge_run(d, cfg(**off, judge={"required": ["recovery", "fail_fast", "integrity"]}), META)
+    assert rep["verdict"] == "error"
+    assert rep["errors"] == ["required check integrity not judged: integrity.mismatched: no reference server "
+                             "(stack.reference: false), so no output was compared"]
+    assert (rep["required"]["judged"], rep["required"]["of"]) == (2, 3)
+    assert rep["required"]["checks"][2]["judged"] is False
+
+
+def test_the_same_run_with_integrity_optional_passes_and_lists_it_not_judged(tmp_path):
+    d = write_run(tmp_path / "run")
+    rep = judge_run(d, cfg(stack={"reference": False}, integrity={"min_compared": 0}), META)   # integrity optional
+    assert rep["verdict"] == "pass", rep["errors"]
+    assert [c["name"] for c in rep["required"]["checks"]] == ["recovery", "fail_fast"]
+    assert (rep["required"]["judged"], rep["required"]["of"]) == (2, 2)
+    assert by_name(rep)["integrity.compared"]["passed"] is None
+    assert by_name(rep)["integrity.compared"]["detail"].startswith("not judged: no reference server")
+
+
+def test_the_default_kill_run_judges_all_it_requires(tmp_path):
+    rep = judge_run(write_run(tmp_path / "run"), cfg(), META)
+    assert rep["verdict"] == "pass"
+    assert [(c["name"], c["why"], c["judged"]) for c in rep["required"]["checks"]] == [
+        ("recovery", "default for process-kill", True), ("fail_fast", "default for process-kill", True),
+        ("integrity", "default for process-kill", True)]

@@ -97,6 +97,24 @@ def test_a_failed_run_says_so_and_names_its_failing_checks(tmp_path):
     assert ("specchaos_recovery_seconds", (("stage", "slo"),)) not in got
 
 
+def test_required_checks_and_the_draft_model_name(tmp_path):
+    """The required checks judged of required, each one not judged as a series; the ``draft``
+    label is the model's name even when the report holds its path."""
+    off = cfg(stack={"reference": False}, integrity={"min_compared": 0},
+              judge={"required": ["recovery", "integrity"]})
+    spec = {**META["stack"]["speculative"], "draft": "/home/me/specchaos/models/draft-exact/"}
+    rep = judge_run(write_run(tmp_path / "run"), off, {**META, "stack": {**META["stack"], "speculative": spec}})
+    rep = json.loads(json.dumps(rep))
+    text = write_textfile(tmp_path / "run", rep).read_text()
+    got = samples(text)
+    assert got[("specchaos_required_checks", (("result", "required"),))] == 2.0
+    assert got[("specchaos_required_checks", (("result", "judged"),))] == 1.0
+    assert got[("specchaos_required_not_judged", (("check", "integrity"),))] == 1.0
+    assert ("specchaos_required_not_judged", (("check", "recovery"),)) not in got
+    labels = next(s.labels for fam in text_string_to_metric_families(text) for s in fam.samples)
+    assert labels["draft"] == "draft-exact"
+
+
 def test_publishing_never_raises_and_says_what_failed(tmp_path):
     rep = judged(tmp_path)
     closed = _free_port()   # nothing listens there

@@ -182,3 +182,58 @@ def test_a_swing_check_on_too_few_samples_shows_n_j_never_pass(tmp_path):
     assert len(rows) == 1 and rows[0].lstrip("│ ").startswith("N/J"), rows
     assert "PASS" not in rows[0] and "not judged: no RSS of one server process tree" in rows[0]
     assert text.startswith("PASS")
+
+
+def test_the_summary_ends_with_the_failed_checks_the_required_count_and_the_verdict_with_its_exit_code():
+    rep = {**REPORT, "required": {"judged": 2, "of": 3, "checks": [
+        {"name": "recovery", "judged": True}, {"name": "fail_fast", "judged": True},
+        {"name": "integrity", "judged": False, "reason": "no reference server"}]},
+        "errors": ["required check integrity not judged: no reference server"], "verdict": "error"}
+    lines = [ln for ln in render(rep).rstrip().splitlines() if ln.strip()]
+    assert lines[-1].startswith("ERROR  kill the draft worker: 1 failed check(s), 0 not judged; exit code 2")
+    assert lines[-2] == "FAIL recovery.time_to_slo_s: never recovered (slo not reached)"
+    assert lines[-3] == "required: judged 2 of 3 (recovery, fail_fast, integrity)"
+    assert lines[-4] == "error: required check integrity not judged: no reference server"
+    assert render(REPORT).rstrip().splitlines()[-1].endswith("exit code 1")
+
+
+def test_checks_not_judged_for_one_reason_collapse_into_one_row_per_category():
+    why = "not judged: no NVIDIA GPU on this host (NVML: NVML Shared Library Not Found)"
+    gpu = [{"name": f"gpu.{k}", "category": "gpu", "passed": None, "observed": None, "limit": 1.0, "detail": why}
+           for k in ("temperature_c", "xid", "ecc", "throttle", "sm_clock_drop", "pcie")]
+    text = render({**REPORT, "checks": [*REPORT["checks"], *gpu]})
+    rows = [ln for ln in text.splitlines() if "gpu." in ln]
+    assert len(rows) == 1 and "gpu.* (6 checks)" in rows[0]
+    assert text.count("no NVIDIA GPU on this host") == 1
+    # judged GPU checks, or fewer than three for one reason, stay one row each
+    mixed = [gpu[0], gpu[1], {**gpu[2], "passed": True, "detail": "ok"}]
+    assert len([ln for ln in render({**REPORT, "checks": mixed}).splitlines() if "gpu." in ln]) == 3
+
+
+def test_a_registered_family_owns_its_section_view_and_phase_figures():
+    """A family added with one registry call shows its section in the summary, its figures
+    in the phase table and in Allure's per-phase CSV, without an edit to either renderer."""
+    from harness.checks.registry import CheckFamily, register_check, unregister_check
+    from harness.checks.view import Line, Table
+    from harness.report.allure import phase_table_csv
+
+    def summarize(sec):
+        tab = Table("thermals", ["zone", "max °C"])
+        for zone, t in (sec or {}).get("zones", {}).items():
+            tab.add(zone, f"{t:.1f}")
+        return [tab, Line("thermals: 2 zones", "note")] if sec else []
+
+    def figures(sec):
+        return {"zone max °C": {"baseline": 61.0, "fault": 88.5}} if sec else {}
+
+    register_check(CheckFamily("thermals", lambda run: [], summarize=summarize, phase_figures=figures))
+    try:
+        rep = {**REPORT, "thermals": {"zones": {"cpu0": 88.5, "cpu1": 70.25}}}
+        text = render(rep)
+        assert "thermals" in text and "cpu0" in text and "88.5" in text and "thermals: 2 zones" in text
+        base = next(ln for ln in text.splitlines() if ln.lstrip("│ ").startswith("baseline"))
+        assert base.rstrip(" │").endswith("61.00"), base
+        assert "zone max °C" in phase_table_csv(rep).splitlines()[0]
+        assert "cpu0" not in render(REPORT)
+    finally:
+        unregister_check("thermals")
