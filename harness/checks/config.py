@@ -226,14 +226,19 @@ class SoakConfig(_Strict):
     * ``max_errors_per_window``: failed tries in any window (an error burst).
 
     Windows overlapping a fault's active span, or holding a server restart, are left out of
-    the fits (a fault's effect is judged by the fault's checks). A canary with fewer than
-    ``min_windows`` usable windows is not judged (N/J)."""
+    the fits (a fault's effect is judged by the fault's checks), and each server incarnation
+    is fitted apart. A trend canary fails only when its fitted change exceeds the limit and
+    the one-sided Mann–Kendall test finds the trend at level ``alpha`` in that incarnation.
+    An incarnation with fewer than ``min_windows`` usable windows is
+    not judged; a canary with none judged is N/J."""
 
     enabled: bool = False
     window_s: float = Field(60.0, gt=0, le=3600)
     min_windows: int = Field(4, ge=3)
     min_draft_tokens: int = Field(50, ge=1)
     min_requests_per_window: int = Field(5, ge=1)
+    #: One-sided significance level of the Mann–Kendall test behind every trend canary.
+    alpha: float = Field(0.05, gt=0, lt=0.5)
     max_acceptance_drop: float | None = Field(0.05, gt=0, le=1)
     max_rss_growth_per_30min: float | None = Field(0.15, gt=0)
     max_kv_usage_growth: float | None = Field(0.20, gt=0, le=1)
