@@ -50,6 +50,7 @@ with no incarnation judged is not judged (N/J, with why).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,10 @@ def soak_windows(run: RecordedRun, cfg: SoakConfig) -> list[dict[str, Any]]:
     return out
 
 
+def _counter(name: str) -> Callable[[dict[str, Any]], float | None]:
+    return lambda ln: (ln.get("counters") or {}).get(name)
+
+
 def _incarnation_starts(lines: list[dict[str, Any]], down: list[tuple[float, float]]) -> list[float]:
     """The instants (epoch s) one server's incarnations after its first began, as recorded:
     the start of each down span (:func:`harness.checks.server_memory.down_spans`) and each
@@ -141,7 +146,7 @@ def _incarnation_starts(lines: list[dict[str, Any]], down: list[tuple[float, flo
     earlier scrape is the instant)."""
     starts = {a for a, _ in down}
     for name in _RESET_COUNTERS:
-        for i in counter_increments(lines, lambda ln, n=name: (ln.get("counters") or {}).get(n)):
+        for i in counter_increments(lines, _counter(name)):
             if i.reset and not any(a <= i.t1 and i.t0 <= b for a, b in down):
                 starts.add(i.t0)   # a set: the counters of one restart give one instant
     return sorted(starts)
