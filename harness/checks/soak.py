@@ -268,15 +268,22 @@ def check(run: RecordedRun) -> list[CheckResult]:
 
 def section(run: RecordedRun) -> dict[str, Any]:
     """The ``soak`` block of ``report.json``: ``{"enabled", "window_s", "windows": [...]
-    (:func:`soak_windows`), "trends": {series: [{"incarnation", "slope" (per s), "start",
-    "end", "span_s", "points", "mann_kendall_s", "p_increasing", "p_decreasing"}]}}``, one
-    entry per incarnation with a line (empty when none); just ``{"enabled": false}`` when off."""
+    (:func:`soak_windows`), "trends": {series: {"slope" (per s), "start", "end", "span_s",
+    "points"}|None} (the line of the incarnation with the most windows), "incarnation_trends":
+    {series: [{"incarnation", "slope", "start", "end", "span_s", "points", "mann_kendall_s",
+    "p_increasing", "p_decreasing"}]} (one per incarnation with a line)}``; just
+    ``{"enabled": false}`` when off."""
     cfg = _cfg(run)
     if not cfg.enabled:
         return {"enabled": False}
     a = _analyse(run)
+
+    def line(t: Trend) -> dict[str, Any]:
+        return {"slope": t.slope, "start": t.start, "end": t.end, "span_s": t.span_s, "points": t.points}
+
     return {"enabled": True, "window_s": cfg.window_s, "windows": a["windows"],
-            "trends": {k: [{"incarnation": inc, "slope": t.slope, "start": t.start, "end": t.end, "span_s": t.span_s,
-                            "points": t.points, "mann_kendall_s": mk.s, "p_increasing": mk.p_increasing,
-                            "p_decreasing": mk.p_decreasing} for inc, t, mk in fits]
-                       for k, fits in a["fits"].items()}}
+            "trends": {k: line(max(fits, key=lambda f: f[1].points)[1]) if fits else None
+                       for k, fits in a["fits"].items()},
+            "incarnation_trends": {k: [{"incarnation": inc, **line(t), "mann_kendall_s": mk.s,
+                                        "p_increasing": mk.p_increasing, "p_decreasing": mk.p_decreasing}
+                                       for inc, t, mk in fits] for k, fits in a["fits"].items()}}
