@@ -49,6 +49,19 @@ class Trend:
         return self.end / self.start - 1.0 if self.start > 0 else None
 
 
+def _pairs(t: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(t, y, i, j)`` as arrays, with the index pairs ``i < j`` of every two points.
+
+    Raises:
+        ValueError: ``t`` and ``y`` differ in length.
+    """
+    if len(t) != len(y):
+        raise ValueError(f"t and y differ in length ({len(t)} vs {len(y)})")
+    ta, ya = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+    i, j = np.triu_indices(len(ta), k=1)
+    return ta, ya, i, j
+
+
 def theil_sen(t: Sequence[float], y: Sequence[float]) -> Trend | None:
     """The Theil–Sen line through the points (module doc): slope = median of
     ``(y_j − y_i) / (t_j − t_i)`` over pairs with ``t_j > t_i``, intercept = median of
@@ -60,10 +73,7 @@ def theil_sen(t: Sequence[float], y: Sequence[float]) -> Trend | None:
     Raises:
         ValueError: ``t`` and ``y`` differ in length.
     """
-    if len(t) != len(y):
-        raise ValueError(f"t and y differ in length ({len(t)} vs {len(y)})")
-    ta, ya = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
-    i, j = np.triu_indices(len(ta), k=1)
+    ta, ya, i, j = _pairs(t, y)
     dt = ta[j] - ta[i]
     ok = dt != 0
     if not ok.any():
@@ -105,11 +115,8 @@ def mann_kendall(t: Sequence[float], y: Sequence[float]) -> TrendTest:
     Raises:
         ValueError: ``t`` and ``y`` differ in length.
     """
-    if len(t) != len(y):
-        raise ValueError(f"t and y differ in length ({len(t)} vs {len(y)})")
-    ta, ya = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+    ta, ya, i, j = _pairs(t, y)
     n = len(ta)
-    i, j = np.triu_indices(n, k=1)
     order = np.sign(ta[j] - ta[i])
     s = int(np.sum(order * np.sign(ya[j] - ya[i])))
     ties = sum(c * (c - 1) * (2 * c + 5) for c in Counter(ya.tolist()).values() if c > 1)
