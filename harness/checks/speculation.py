@@ -122,19 +122,21 @@ def canaries(windows: list[dict[str, Any]], cfg: SpeculationConfig) -> dict[str,
             if sh is not None:
                 tests.append((sh, run[k:k + h]))
     m = len(tests)
-    z = NormalDist().inv_cdf(1.0 - cfg.alpha / m) if m else None
+    out: dict[str, Any] = {"spans_tested": m, "windows_judged": sum(len(r) for r in runs), "incarnations": len(runs),
+                           "alpha": cfg.alpha, "z": None, "collapse": None, "saturation": None}
+    if not m:
+        return out
+    z = NormalDist().inv_cdf(1.0 - cfg.alpha / m)
     worst_fall: dict[str, Any] | None = None
     worst_rise: dict[str, Any] | None = None
     for sh, span in tests:
-        assert z is not None
         fall = sh.fall_bound(z)
         if worst_fall is None or fall > worst_fall["bound"]:
             worst_fall = _shift_entry(sh, fall, span)
         rise = sh.rise_bound(z)
         if sh.span_rate >= cfg.saturation_rate and (worst_rise is None or rise > worst_rise["bound"]):
             worst_rise = _shift_entry(sh, rise, span)
-    return {"spans_tested": m, "windows_judged": sum(len(r) for r in runs), "incarnations": len(runs),
-            "alpha": cfg.alpha, "z": z, "collapse": worst_fall, "saturation": worst_rise}
+    return {**out, "z": z, "collapse": worst_fall, "saturation": worst_rise}
 
 
 def _analyse(run: RecordedRun) -> dict[str, Any]:
