@@ -16,7 +16,7 @@ Counters and restarts: a counter's increase between two successful scrapes of on
 is the difference of its values, unless the server restarted in between — its value went
 *down*, or the scraped process changed (:func:`incarnation`: the supervisor's incarnation
 number the scraper recorded, ``process_start_time_seconds`` on the page, the API ``pid``;
-the first of them that two lines both carry decides) — then the new process counted from 0 and the
+any of them that two lines both carry and that differs) — then the new process counted from 0 and the
 increase is the new value (Prometheus' ``increase()`` rule): never negative, nothing
 counted twice. Failed scrapes (gap lines) are skipped, never read as zeros; the increase
 across a gap is still counted, at the first successful scrape after it. Every increase is
@@ -110,11 +110,12 @@ def incarnation(line: Line) -> tuple[tuple[str, Any], ...]:
 
 
 def same_incarnation(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> bool:
-    """Whether two :func:`incarnation` keys may be one incarnation: the first marker (in
-    :func:`incarnation`'s order) that both carry decides; with none in common there is no
-    evidence of a restart (True)."""
+    """Whether two :func:`incarnation` keys may be one incarnation: every marker both carry
+    is equal. A marker only one carries, or none in common, is no evidence of a restart; any
+    one that differs is (an external server's incarnation number stays 0 while its start
+    time tells its restart)."""
     da = dict(a)
-    return next((da[k] == v for k, v in b if k in da), True)
+    return all(da[k] == v for k, v in b if k in da)
 
 
 def counter_increments(lines: Iterable[Line], value: Callable[[Line], float | None]) -> list[Increment]:

@@ -255,3 +255,15 @@ def test_section_reports_vllm_fields_per_phase(tmp_path):
     assert base["num_requests_running_max"] == 4.0 and base["samples"] == 20
     assert sec["servers"]["spec"]["canaries"]["spans_tested"] == 2
     json.dumps(sec)
+
+
+def test_any_incarnation_marker_that_differs_is_a_restart():
+    """An external server's incarnation number stays 0: its page's start time still tells a
+    restart; a marker only one line carries tells nothing."""
+    from harness.metrics.speculation import incarnation, same_incarnation
+
+    a = incarnation({"incarnation": 0, "pid": None, "gauges": {"process_start_time_seconds": 1.0}})
+    b = incarnation({"incarnation": 0, "gauges": {"process_start_time_seconds": 2.0}})
+    assert a == (("incarnation", 0), ("start", 1.0)) and not same_incarnation(a, b)
+    assert same_incarnation(a, incarnation({"pid": 7})) and same_incarnation(a, ())
+    assert not same_incarnation(incarnation({"incarnation": 1, "pid": 7}), incarnation({"incarnation": 2, "pid": 7}))
