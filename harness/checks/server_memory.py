@@ -42,18 +42,19 @@ judged by the fault's own checks, and a new one loading is its start. (Seen on t
 set: a killed worker's memory read as gone while the process was still a member of its tree,
 1335 vs 3475 MiB under one tree — a swing of 1.60 that was the kill.) So the tree before a
 kill and the restarted tree are judged each on its own. ``server_memory.settle_s`` drops a
-process's first seconds after its first successful scrape as well. A process with fewer
-than ``server_memory.min_samples`` samples in a phase is not judged there; a phase where no process of a server has enough is **not
-judged** (``passed`` None, "not judged: ..." in the detail, N/J in every report): neither a
-pass nor a failure, and left out of the verdict.
+process's first seconds after its first successful scrape as well. A process with fewer than
+``server_memory.min_samples`` samples in a phase is not judged there; a phase where no
+process of a server has enough is **not judged** (``passed`` None, "not judged: ..." in the
+detail, N/J in every report): neither a pass nor a failure, and left out of the verdict.
 
 * ``server_memory.gpu<i>.<phase>.memory_swing`` — the same over GPU *i*'s used memory ≤
   ``server_memory.max_gpu_memory_swing``, read from the GPU series the ``gpu`` checks judge
   (:func:`harness.checks.gpu.series`). A GPU is shared by the stack's servers, so its
   samples are judged between restarts: those taken while any server is down are left out,
   and the rest is cut at each down span, each stretch judged on its own. Without an NVIDIA
-  GPU (or without GPU telemetry) one check, ``server_memory.gpu.memory_swing``, is not judged with the telemetry's note (``no
-  NVIDIA GPU on this host (...)``), as every ``gpu`` check is; the section carries the note.
+  GPU (or without GPU telemetry) one check, ``server_memory.gpu.memory_swing``, is not
+  judged with the telemetry's note (``no NVIDIA GPU on this host (...)``), as every ``gpu``
+  check is; the section carries the note.
 
 A run without ``metrics.jsonl`` gets no RSS checks and a section note.
 """

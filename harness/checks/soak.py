@@ -107,8 +107,8 @@ def soak_windows(run: RecordedRun, cfg: SoakConfig) -> list[dict[str, Any]]:
     out = []
     for a, b in bounds:
         reason = ("fault" if any(fa < b and fb > a for fa, fb in faults)
-                  else "restart" if any(a <= t < b for t in restarts) or any(da < b and db > a for da, db in all_down)
-                  else None)
+                  else "restart" if any(a <= t < b for t in restarts)
+                  or any(da < b and db > a for da, db in all_down) else None)
         sent = [r for r in run.records if a <= r.send_time < b]
         done = [r for r in sent if is_complete(r)[0]]
         ttfts = [v for v in (ttft_s(r) for r in done) if v is not None]
@@ -246,8 +246,8 @@ def check(run: RecordedRun) -> list[CheckResult]:
                               lambda t: None if t.start <= 0 else t.slope * 1800.0 / t.start,
                               cfg.max_rss_growth_per_30min, cfg, f"RSS of server {s}", "increasing", " B"))
     if cfg.max_kv_usage_growth is not None:
-        out.append(_judge("soak.kv_usage_growth", fits["kv_usage"], lambda t: t.change, cfg.max_kv_usage_growth, cfg,
-                          "KV-cache usage", "increasing"))
+        out.append(_judge("soak.kv_usage_growth", fits["kv_usage"], lambda t: t.change, cfg.max_kv_usage_growth,
+                          cfg, "KV-cache usage", "increasing"))
     if cfg.max_latency_drift is not None:
         for key, what in (("ttft_p95_s", "TTFT p95"), ("tpot_p50_s", "TPOT p50")):
             out.append(_judge(f"soak.{key.rsplit('_', 1)[0]}_drift", fits[key], lambda t: t.relative_change(),

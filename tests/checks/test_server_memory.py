@@ -1,9 +1,9 @@
 """Server memory swing on recorded series: a swinging RSS fails, a steady one passes, a
 killed-and-restarted server is no swing (judged per incarnation, the dying tree and the
-loading one left out) while a leak inside one incarnation still fails, a KV-filling fault's growth up to the KV cache is
-no swing but a leak beyond it is, too few samples are not judged (N/J), a GPU's used memory
-is judged where gpu.jsonl has it, and without an NVIDIA GPU it is not judged (N/J) with the
-note, which the section carries too."""
+loading one left out) while a leak inside one incarnation still fails, a KV-filling fault's
+growth up to the KV cache is no swing but a leak beyond it is, too few samples are not
+judged (N/J), a GPU's used memory is judged where gpu.jsonl has it (between restarts), and
+without an NVIDIA GPU it is not judged (N/J) with the note, which the section carries too."""
 
 from __future__ import annotations
 

@@ -179,7 +179,8 @@ def test_each_incarnation_is_fitted_apart(timeline):
     res = results(run_with_events(metrics, kill_and_restart() if timeline else []))
     for name in ("soak.acceptance_drop", "soak.spec.rss_growth_per_30min"):
         assert res[name].passed is not False, res[name].detail
-    assert res["soak.acceptance_drop"].passed is True and "2 incarnation(s) judged apart" in res["soak.acceptance_drop"].detail
+    c = res["soak.acceptance_drop"]
+    assert c.passed is True and "2 incarnation(s) judged apart" in c.detail
     decay = lines(acc=lambda t: 0.9 if t < T0 + 300 else 0.8 - 0.3 * (t - T0 - 300) / 300, restart_at=300)
     res = results(run_with_events(decay, kill_and_restart() if timeline else []))
     assert res["soak.acceptance_drop"].passed is False, res["soak.acceptance_drop"].detail
