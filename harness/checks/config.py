@@ -198,19 +198,33 @@ class MirrorConfig(_Strict):
 
 class SpeculationConfig(_Strict):
     """Speculation canaries (:mod:`harness.checks.speculation`), judged on the server's own
-    counters (``metrics.jsonl``) over consecutive windows of ``window_s`` seconds; a window
-    with fewer than ``min_draft_tokens`` draft tokens is not judged, nor a pair of windows
-    across a server restart (a new process, or a new draft, is not a collapse).
+    counters (``metrics.jsonl``) over consecutive windows of ``window_s`` seconds, each
+    server incarnation apart (a new process, or a new draft, is not a collapse); a window
+    with fewer than ``min_draft_tokens`` draft tokens, or holding a restart, is not judged.
+
+    Every span of ``span_windows`` consecutive windows is compared with all the earlier
+    windows of its incarnation (at least ``min_reference_windows`` of them): a one-sided
+    z-test with the windows as clusters, the between-window variance measured on those
+    earlier windows (:func:`harness.metrics.speculation.acceptance_shift`), at family-wise
+    level ``alpha`` (Bonferroni over the spans tested). A canary fires only when the change
+    it guards against is larger than its limit *with that confidence*:
 
     * ``collapse_max_drop``: the acceptance rate may fall by at most this much (absolute,
-      a fraction) from one window to the next; None = not judged.
-    * ``saturation_rate`` / ``saturation_min_jump``: a window at acceptance ≥
-      ``saturation_rate`` reached from a window at least ``saturation_min_jump`` lower is a
+      a fraction) from the reference to a span; None = not judged.
+    * ``saturation_rate`` / ``saturation_min_jump``: a span at acceptance ≥
+      ``saturation_rate`` risen at least ``saturation_min_jump`` above its reference is a
       saturation (reported before engine crashes in public bug reports); None = not judged.
     """
 
     window_s: float = Field(5.0, gt=0)
     min_draft_tokens: int = Field(20, ge=1)
+    #: Family-wise one-sided significance level of each canary on each server.
+    alpha: float = Field(0.01, gt=0, lt=0.5)
+    #: Windows of the same incarnation before a span, from which its reference rate and the
+    #: window-to-window variance are measured (≥ 2: one window has no spread).
+    min_reference_windows: int = Field(3, ge=2)
+    #: Consecutive windows a span pools: how long a collapse or saturation must last.
+    span_windows: int = Field(2, ge=1)
     collapse_max_drop: float | None = Field(0.3, gt=0, le=1)
     saturation_rate: float = Field(0.99, gt=0, le=1)
     saturation_min_jump: float | None = Field(0.3, gt=0, le=1)
@@ -255,14 +269,19 @@ class SoakConfig(_Strict):
     * ``max_errors_per_window``: failed tries in any window (an error burst).
 
     Windows overlapping a fault's active span, or holding a server restart, are left out of
-    the fits (a fault's effect is judged by the fault's checks). A canary with fewer than
-    ``min_windows`` usable windows is not judged (N/J)."""
+    the fits (a fault's effect is judged by the fault's checks), and each server incarnation
+    is fitted apart. A trend canary fails only when its fitted change exceeds the limit and
+    the one-sided Mann–Kendall test finds the trend at level ``alpha`` in that incarnation.
+    An incarnation with fewer than ``min_windows`` usable windows is
+    not judged; a canary with none judged is N/J."""
 
     enabled: bool = False
     window_s: float = Field(60.0, gt=0, le=3600)
     min_windows: int = Field(4, ge=3)
     min_draft_tokens: int = Field(50, ge=1)
     min_requests_per_window: int = Field(5, ge=1)
+    #: One-sided significance level of the Mann–Kendall test behind every trend canary.
+    alpha: float = Field(0.05, gt=0, lt=0.5)
     max_acceptance_drop: float | None = Field(0.05, gt=0, le=1)
     max_rss_growth_per_30min: float | None = Field(0.15, gt=0)
     max_kv_usage_growth: float | None = Field(0.20, gt=0, le=1)

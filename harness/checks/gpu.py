@@ -32,7 +32,11 @@ telemetry, a GPU that does not give a reading (ECC disabled, no event support), 
 too short for a slope, a phase with too few samples.
 
 The GPU memory swing (``server_memory.gpu<i>.<phase>.memory_swing``) is judged by
-:mod:`harness.checks.server_memory` on the same series (:func:`series`) with the same rule.
+:mod:`harness.checks.server_memory` on the same series (:func:`series`) with the same rule,
+between server restarts (a GPU is shared by the stack's servers: its memory falls when a
+killed server's processes free it and rises while the new one loads, which is the restart,
+not a swing). The figures here describe the device (temperature, clocks, ECC, PCIe), not a
+server process, and are judged over the whole phases.
 """
 
 from __future__ import annotations

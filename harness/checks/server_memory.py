@@ -26,31 +26,42 @@ loaded host: one tree rose 2207 → 2778 MiB over 199 samples while ``kv-pressur
 (plain swing 0.26 > 0.15, a pass when the host was quiet); with ``kv_cache_gib`` 1 the growth
 (571 MiB) is within the budget and the phase passes at swing 0.
 
-Restarts and downtime: samples are grouped by server process tree (the API process:
-``process_start_time_seconds`` of its page, else its pid; and the set of processes summed,
-``tree_pids``), and only samples whose scrape succeeded count — a server
-answers ``/metrics`` only once its model is loaded, so a (re)starting server's ramp-up is
-not a swing, and a dead server (no process, no RSS) contributes nothing. A killed server is
-therefore no memory swing: the tree before the kill, the API process left without its
-killed worker (it answers ``/metrics`` for a moment), and the restarted tree are judged
-each on its own — a process dying is the fault, judged by the fault's own checks.
-``server_memory.settle_s`` drops a process's first seconds after its first successful
-scrape as well. A process with fewer than ``server_memory.min_samples`` samples
-in a phase is not judged there; a phase where no process of a server has enough is **not
-judged** (``passed`` None, "not judged: ..." in the detail, N/J in every report): neither a
-pass nor a failure, and left out of the verdict.
+Restarts and downtime — judged per incarnation, never across a restart: samples are
+grouped by server incarnation (the markers the scraper recorded,
+:func:`harness.metrics.speculation.incarnation`: the supervisor's incarnation number, the
+page's ``process_start_time_seconds``, the API pid) and process tree (the set of
+processes summed, ``tree_pids``), and only samples whose scrape succeeded count — a server
+answers ``/metrics`` only once its model is loaded, and a dead server (no process, no RSS)
+contributes nothing. A server is **down** (:func:`down_spans`) from the moment something
+ended its incarnation — a fault whose damage is done when it acts (a kill: its
+``acting_at``; ``recovery_from: injected`` in the ledger) targeting it, its exit or a
+planned restart (``server_exited``, ``server_respeculating``, ``server_environment``
+events) — until its next ``server_ready``; samples taken while it is down are judged
+neither as the old incarnation's memory nor as the new one's: a process dying is the fault,
+judged by the fault's own checks, and a new one loading is its start. (Seen on the real
+set: a killed worker's memory read as gone while the process was still a member of its tree,
+1335 vs 3475 MiB under one tree — a swing of 1.60 that was the kill.) So the tree before a
+kill and the restarted tree are judged each on its own. ``server_memory.settle_s`` drops a
+process's first seconds after its first successful scrape as well. A process with fewer than
+``server_memory.min_samples`` samples in a phase is not judged there; a phase where no
+process of a server has enough is **not judged** (``passed`` None, "not judged: ..." in the
+detail, N/J in every report): neither a pass nor a failure, and left out of the verdict.
 
 * ``server_memory.gpu<i>.<phase>.memory_swing`` — the same over GPU *i*'s used memory ≤
   ``server_memory.max_gpu_memory_swing``, read from the GPU series the ``gpu`` checks judge
-  (:func:`harness.checks.gpu.series`). Without an NVIDIA GPU (or without GPU telemetry) one
-  check, ``server_memory.gpu.memory_swing``, is not judged with the telemetry's note (``no
-  NVIDIA GPU on this host (...)``), as every ``gpu`` check is; the section carries the note.
+  (:func:`harness.checks.gpu.series`). A GPU is shared by the stack's servers, so its
+  samples are judged between restarts: those taken while any server is down are left out,
+  and the rest is cut at each down span, each stretch judged on its own. Without an NVIDIA
+  GPU (or without GPU telemetry) one check, ``server_memory.gpu.memory_swing``, is not
+  judged with the telemetry's note (``no NVIDIA GPU on this host (...)``), as every ``gpu``
+  check is; the section carries the note.
 
 A run without ``metrics.jsonl`` gets no RSS checks and a section note.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun
@@ -60,12 +71,55 @@ from harness.checks.gpu import series as gpu_series, telemetry_note
 from harness.checks.speculation import series
 from harness.metrics.speculation import incarnation, server_lines, servers_in
 
-__all__ = ["summarize",
-           "KV_FILLING_FAULTS", "swing", "rss_segments", "phase_swings", "kv_allowance_bytes", "check", "section"]
+__all__ = ["summarize", "KV_FILLING_FAULTS", "ENDING_EVENTS", "swing", "down_spans", "rss_segments", "gpu_segments",
+           "phase_swings", "kv_allowance_bytes", "check", "section"]
 
 #: Fault families that fill a server's KV cache by design (module doc): in a phase where one
 #: acted on a server, RSS growth up to the KV cache's budget is not a swing.
 KV_FILLING_FAULTS = ("kv-pressure",)
+
+
+#: Stack events (:mod:`harness.timeline`) that end a server's incarnation.
+ENDING_EVENTS = ("server_exited", "server_respeculating", "server_environment")
+
+Span = tuple[float, float]
+
+
+def down_spans(events: list[dict[str, Any]]) -> dict[str, list[Span]]:
+    """When each server was down (module doc): ``{server: [(start, end)]}``, epoch s, in time
+    order, merged; ``end`` is the next ``server_ready`` of that server (inf when none came).
+
+    Args:
+        events: the run's timeline events. A ``fault_injected`` event whose fault's damage is
+            done when it acts (``recovery_from: injected`` recorded, or a ``process-kill``)
+            ends its target server's incarnation at its ``acting_at``.
+    """
+    ends: dict[str, list[float]] = {}
+    readies: dict[str, list[float]] = {}
+    for e in events:
+        ev, server = e.get("event"), e.get("server")
+        if ev in ENDING_EVENTS and server:
+            ends.setdefault(server, []).append(float(e["t"]))
+        elif ev == "server_ready" and server:
+            readies.setdefault(server, []).append(float(e["t"]))
+        elif (ev == "fault_injected" and e.get("target")
+              and (e.get("recovery_from") == "injected" or e.get("kind") == "process-kill")):
+            ends.setdefault(str(e["target"]).split("/")[0], []).append(float(e.get("acting_at", e["t"])))
+    out: dict[str, list[Span]] = {}
+    for server, ts in ends.items():
+        spans: list[Span] = []
+        for t in sorted(ts):
+            end = min((r for r in readies.get(server, []) if r > t), default=float("inf"))
+            if spans and t <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+            else:
+                spans.append((t, end))
+        out[server] = spans
+    return out
+
+
+def _inside(t: float, spans: Sequence[Span]) -> bool:
+    return any(a <= t < b for a, b in spans)
 
 
 def swing(values: list[float]) -> float | None:
@@ -75,13 +129,15 @@ def swing(values: list[float]) -> float | None:
     return (max(values) - min(values)) / min(values)
 
 
-def rss_segments(lines: list[dict[str, Any]], settle_s: float = 0.0) -> list[list[tuple[float, float]]]:
-    """One server's RSS samples ``(t, rss_bytes)`` grouped by process tree (module doc),
-    successful scrapes only, each process's first ``settle_s`` seconds dropped."""
+def rss_segments(lines: list[dict[str, Any]], settle_s: float = 0.0,
+                 down: Sequence[Span] = ()) -> list[list[tuple[float, float]]]:
+    """One server's RSS samples ``(t, rss_bytes)`` grouped by incarnation and process tree
+    (module doc), successful scrapes only, each tree's first ``settle_s`` seconds dropped, and
+    samples taken while the server was ``down`` (:func:`down_spans`) left out."""
     groups: dict[Any, list[tuple[float, float]]] = {}
     first: dict[Any, float] = {}
     for ln in lines:
-        if not ln.get("ok") or ln.get("rss_bytes") is None:
+        if not ln.get("ok") or ln.get("rss_bytes") is None or _inside(ln["t"], down):
             continue
         key = (incarnation(ln), tuple(ln.get("tree_pids") or ()))
         first.setdefault(key, ln["t"])
@@ -90,9 +146,26 @@ def rss_segments(lines: list[dict[str, Any]], settle_s: float = 0.0) -> list[lis
     return list(groups.values())
 
 
+def gpu_segments(samples: list[tuple[float, float]], down: Sequence[Span]) -> list[list[tuple[float, float]]]:
+    """One GPU's samples ``(t, value)`` in time order cut into the stretches between down
+    spans (any server's, :func:`down_spans`), samples inside a down span left out."""
+    out: list[list[tuple[float, float]]] = [[]]
+    spans = sorted(down)
+    for t, v in sorted(samples):
+        if _inside(t, spans):
+            if out[-1]:
+                out.append([])
+            continue
+        if out[-1] and any(out[-1][-1][0] < a <= t for a, _ in spans):
+            out.append([])
+        out[-1].append((t, v))
+    return [seg for seg in out if seg]
+
+
 def phase_swings(segments: list[list[tuple[float, float]]], start: float, end: float,
                  min_samples: int, allowance_bytes: float = 0.0) -> dict[str, Any]:
-    """The worst swing in ``[start, end)`` over segments (one per process) with at least
+    """The worst swing in ``[start, end)`` over segments (one per incarnation and tree, or
+    per stretch of a GPU between restarts) with at least
     ``min_samples`` samples there: ``{"swing", "plain_swing", "allowance_bytes", "min",
     "max", "samples", "processes_judged"}``. ``swing`` is the judged one, max(0, max − min −
     ``allowance_bytes``) ÷ min (the plain swing without an allowance), ``plain_swing`` that
@@ -149,20 +222,23 @@ def _analyse(run: RecordedRun) -> dict[str, Any]:
         return run.memo["server_memory"]
     cfg = _cfg(run)
     lines = series(run)
+    down = down_spans(run.events)
     servers = {}
     for name in servers_in(lines):
-        segs = rss_segments(server_lines(lines, name), cfg.settle_s)
+        segs = rss_segments(server_lines(lines, name), cfg.settle_s, down.get(name, []))
         servers[name] = {ph: phase_swings(segs, t0, t1, cfg.min_samples, kv_allowance_bytes(run, name, t0, t1))
                          for ph, (t0, t1) in run.windows.items()}
     note, gsamples = _gpu(run)
-    gpus = {i: {ph: phase_swings([ss], t0, t1, cfg.min_samples) for ph, (t0, t1) in run.windows.items()}
+    any_down = [sp for spans in down.values() for sp in spans]
+    gpus = {i: {ph: phase_swings(gpu_segments(ss, any_down), t0, t1, cfg.min_samples)
+                for ph, (t0, t1) in run.windows.items()}
             for i, ss in sorted(gsamples.items())}
     out = {"servers": servers, "gpus": gpus, "gpu_note": note if not gsamples else None}
     run.memo["server_memory"] = out
     return out
 
 
-def _result(name: str, w: dict[str, Any], limit: float, what: str, min_samples: int) -> CheckResult:
+def _result(name: str, w: dict[str, Any], limit: float, what: str, min_samples: int, unit: str) -> CheckResult:
     if w["swing"] is None:
         return CheckResult.not_judged(name, "memory", None, limit,
                                       f"no {what} with ≥ {min_samples} samples in this phase")
@@ -176,7 +252,7 @@ def _result(name: str, w: dict[str, Any], limit: float, what: str, min_samples: 
         how = "swing = (max − min) ÷ min"
     return CheckResult(name, "memory", passed, round(w["swing"], 4), limit,
                        f"{what} {w['min'] / 2**20:.0f} → {w['max'] / 2**20:.0f} MiB over {w['samples']} samples "
-                       f"({how}; {w['processes_judged']} process(es) judged)")
+                       f"({how}; {w['processes_judged']} {unit} judged apart, none across a restart)")
 
 
 def check(run: RecordedRun) -> list[CheckResult]:
@@ -188,7 +264,8 @@ def check(run: RecordedRun) -> list[CheckResult]:
         for name, phases in a["servers"].items():
             for ph, w in phases.items():
                 out.append(_result(f"server_memory.{name}.{ph}.rss_swing", w, cfg.max_rss_swing,
-                                   "RSS of one server process tree", cfg.min_samples))
+                                   "RSS of one server process tree", cfg.min_samples,
+                                   "incarnation(s) and process tree(s)"))
     if cfg.max_gpu_memory_swing is not None:
         if a["gpu_note"] is not None:
             out.append(CheckResult.not_judged("server_memory.gpu.memory_swing", "memory", None, cfg.max_gpu_memory_swing,
@@ -196,7 +273,7 @@ def check(run: RecordedRun) -> list[CheckResult]:
         for i, phases in a["gpus"].items():
             for ph, w in phases.items():
                 out.append(_result(f"server_memory.gpu{i}.{ph}.memory_swing", w, cfg.max_gpu_memory_swing,
-                                   f"GPU {i} used memory", cfg.min_samples))
+                                   f"GPU {i} used memory", cfg.min_samples, "stretch(es) between restarts"))
     return out
 
 

@@ -6,37 +6,58 @@ phase, vLLM's acceptance rate, mean acceptance length and per-position acceptanc
 — and two canaries over consecutive windows of ``speculation.window_s`` seconds:
 
 * ``speculation.<server>.collapse`` — the acceptance rate fell by more than
-  ``speculation.collapse_max_drop`` (absolute) from one window to the next. Observed: the
-  largest such fall (0 when it only rose).
+  ``speculation.collapse_max_drop`` (absolute), with confidence (below). Observed: the
+  largest fall one can be confident of, over every span (0 when none).
 * ``speculation.<server>.saturation`` — the acceptance rate jumped to ≥
-  ``speculation.saturation_rate`` from a window at least ``speculation.saturation_min_jump``
-  lower (public bug reports show acceptance jumping to ~100% before an engine crash).
-  Observed: the largest rise into a window at ≥ ``saturation_rate`` (0 when none).
+  ``speculation.saturation_rate``, at least ``speculation.saturation_min_jump`` above its
+  reference, with confidence (public bug reports show acceptance jumping to ~100% before an
+  engine crash). Observed: the largest confident rise into a span at ≥ ``saturation_rate``
+  (0 when none).
+
+The test (each canary, each server): a window's acceptance rate is noisy well beyond a
+binomial over its draft tokens — they come from the few requests in flight, and a draft
+guesses some prompts far better than others — so the windows are the clusters
+(:func:`harness.metrics.speculation.acceptance_shift`). Within one server incarnation,
+every span of ``speculation.span_windows`` consecutive judged windows is compared with all
+the judged windows of that incarnation before it (at least
+``speculation.min_reference_windows``): the pooled rates (weighted by draft tokens), the
+between-window variance τ² measured on the reference (DerSimonian–Laird), standard error
+sd = √(var_reference + var_span), var = (p(1−p)Σn + τ²Σn²) ÷ (Σn)². The fall one can be
+confident of is fall − z·sd with z the standard normal quantile of 1 − α ÷ m
+(``speculation.alpha``, one-sided, Bonferroni over the m spans tested), and the collapse
+canary fails when that bound exceeds ``collapse_max_drop`` — a one-sided z-test of
+"fall ≤ collapse_max_drop" at family-wise level α (likewise the rise for saturation).
+One thin window (a window of 84 draft tokens with none accepted, among windows at
+0.10–0.40) is no collapse; a draft that stops being accepted for several windows is.
 
 What is judged: windows from the first phase's start to the load's stop (the whole series
-when the run has no phases) with at least ``speculation.min_draft_tokens`` draft tokens;
-a pair of consecutive windows is compared only when neither holds a server restart (a
-counter that started over): a restart — a killed worker brought back, a swapped draft — is
-a new series, not a collapse or a saturation. A server without spec-decode counters (the
-non-speculative reference, or speculation switched off) is not judged; a speculative one
-with no comparable pair of windows is **not judged** (``passed`` None, "not judged: ..."
-in the detail, N/J in every report, left out of the verdict; its section says why). A run
+when the run has no phases) with at least ``speculation.min_draft_tokens`` draft tokens,
+each incarnation of the server apart: a window holding a server restart (a counter that
+started over, or the scraped process changed: :func:`harness.metrics.speculation.incarnation`)
+ends one incarnation and is not judged; a restart — a killed worker brought back, a swapped
+draft — is a new series, not a collapse or a saturation. A server without spec-decode
+counters (the non-speculative reference, or speculation switched off) is not judged; a
+speculative one with no span to test (no incarnation with ``min_reference_windows`` +
+``span_windows`` judged windows) is **not judged** (``passed`` None, "not judged: ..." in
+the detail, N/J in every report, left out of the verdict; its section says why). A run
 without ``metrics.jsonl`` (recorded before the scraper existed) gets no speculation checks
 and a section note.
 """
 
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import Any
 
 from harness.checks.base import CheckResult, RecordedRun, instant
 from harness.checks.view import Table, View, pct
 from harness.checks.config import SpeculationConfig
 from harness.metrics.scraper import METRICS_FILE
-from harness.metrics.speculation import (SpeculationSeries, counter_increments, read_series, server_lines,
-                                         servers_in, window_acceptance)
+from harness.metrics.speculation import (AcceptanceShift, SpeculationSeries, acceptance_shift, counter_increments,
+                                         read_series, server_lines, servers_in, window_acceptance)
 
-__all__ = ["summarize", "phase_figures", "series", "server_series", "canaries", "check", "section"]
+__all__ = ["summarize", "phase_figures", "series", "server_series", "incarnation_runs", "canaries", "check",
+           "section"]
 
 _MEMO = "speculation"
 
@@ -58,34 +79,66 @@ def _span(run: RecordedRun) -> tuple[float | None, float | None]:
     return min(a for a, _ in run.windows.values()), max(b for _, b in run.windows.values())
 
 
+def incarnation_runs(windows: list[dict[str, Any]], min_draft_tokens: int) -> list[list[dict[str, Any]]]:
+    """The judged windows of one server, one list per incarnation (module doc): a window
+    holding a restart (``resets``) ends a list and is left out; a window with fewer than
+    ``min_draft_tokens`` draft tokens is left out. Lists in time order, empty ones dropped."""
+    runs: list[list[dict[str, Any]]] = [[]]
+    for w in windows:
+        if w["resets"]:
+            runs.append([])
+        elif w.get("acceptance_rate") is not None and w["draft_tokens"] >= min_draft_tokens:
+            runs[-1].append(w)
+    return [r for r in runs if r]
+
+
+def _shift_entry(sh: AcceptanceShift, bound: float, span: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"bound": bound, "from": sh.reference_rate, "to": sh.span_rate, "sd": sh.sd, "tau2": sh.tau2,
+            "reference_windows": sh.reference_windows, "span_windows": sh.span_windows,
+            "span_tokens": sh.span_tokens, "at": span[0]["start"]}
+
+
 def canaries(windows: list[dict[str, Any]], cfg: SpeculationConfig) -> dict[str, Any]:
-    """The collapse and saturation canaries over consecutive windows (module doc).
+    """The collapse and saturation canaries over one server's windows (module doc: the test).
 
     Args:
         windows: :func:`harness.metrics.speculation.window_acceptance` of one server.
         cfg: the ``speculation`` limits.
 
     Returns:
-        ``{"pairs_judged": n, "windows_judged": n, "collapse": {"drop", "from", "to",
-        "at"} | None, "saturation": {"rise", "from", "to", "at"} | None}`` — the largest
-        fall and the largest rise into saturation (``at``: the later window's start, epoch s).
+        ``{"spans_tested": m, "windows_judged": n, "incarnations": n, "alpha": α, "z": the
+        one-sided quantile of 1 − α ÷ m (None when m is 0), "collapse": entry|None,
+        "saturation": entry|None}``; an entry is the span with the largest confident fall
+        (collapse) or the largest confident rise into a span at ≥ ``saturation_rate``:
+        ``{"bound" (the fall or rise one can be confident of, fraction), "from" (reference
+        rate), "to" (span rate), "sd", "tau2", "reference_windows", "span_windows",
+        "span_tokens", "at" (the span's start, epoch s)}``.
     """
-    ok = [w.get("acceptance_rate") is not None and w["draft_tokens"] >= cfg.min_draft_tokens for w in windows]
-    worst_drop: dict[str, Any] | None = None
+    runs = incarnation_runs(windows, cfg.min_draft_tokens)
+    h, r0 = cfg.span_windows, cfg.min_reference_windows
+    tests: list[tuple[AcceptanceShift, list[dict[str, Any]]]] = []
+    for run in runs:
+        counts = [(w["accepted_tokens"], w["draft_tokens"]) for w in run]
+        for k in range(r0, len(run) - h + 1):
+            sh = acceptance_shift(counts[:k], counts[k:k + h])
+            if sh is not None:
+                tests.append((sh, run[k:k + h]))
+    m = len(tests)
+    out: dict[str, Any] = {"spans_tested": m, "windows_judged": sum(len(r) for r in runs), "incarnations": len(runs),
+                           "alpha": cfg.alpha, "z": None, "collapse": None, "saturation": None}
+    if not m:
+        return out
+    z = NormalDist().inv_cdf(1.0 - cfg.alpha / m)
+    worst_fall: dict[str, Any] | None = None
     worst_rise: dict[str, Any] | None = None
-    pairs = 0
-    for i in range(len(windows) - 1):
-        a, b = windows[i], windows[i + 1]
-        if not (ok[i] and ok[i + 1]) or a["resets"] or b["resets"]:
-            continue
-        pairs += 1
-        ra, rb = a["acceptance_rate"], b["acceptance_rate"]
-        drop = ra - rb
-        if worst_drop is None or drop > worst_drop["drop"]:
-            worst_drop = {"drop": drop, "from": ra, "to": rb, "at": b["start"]}
-        if rb >= cfg.saturation_rate and (worst_rise is None or rb - ra > worst_rise["rise"]):
-            worst_rise = {"rise": rb - ra, "from": ra, "to": rb, "at": b["start"]}
-    return {"pairs_judged": pairs, "windows_judged": sum(ok), "collapse": worst_drop, "saturation": worst_rise}
+    for sh, span in tests:
+        fall = sh.fall_bound(z)
+        if worst_fall is None or fall > worst_fall["bound"]:
+            worst_fall = _shift_entry(sh, fall, span)
+        rise = sh.rise_bound(z)
+        if sh.span_rate >= cfg.saturation_rate and (worst_rise is None or rise > worst_rise["bound"]):
+            worst_rise = _shift_entry(sh, rise, span)
+    return {**out, "z": z, "collapse": worst_fall, "saturation": worst_rise}
 
 
 def _analyse(run: RecordedRun) -> dict[str, Any]:
@@ -113,9 +166,20 @@ def server_series(run: RecordedRun, name: str) -> SpeculationSeries | None:
     return None if s is None else s["series"]
 
 
-def _judged_detail(c: dict[str, Any], cfg: SpeculationConfig) -> str:
-    return (f"{c['pairs_judged']} pair(s) of consecutive {cfg.window_s:g} s windows compared "
-            f"({c['windows_judged']} window(s) with ≥ {cfg.min_draft_tokens} draft tokens; pairs across a restart skipped)")
+def _test_detail(c: dict[str, Any], cfg: SpeculationConfig) -> str:
+    return (f"one-sided z-test at family-wise α = {cfg.alpha:g} (z = {c['z']:.2f}, Bonferroni over "
+            f"{c['spans_tested']} span(s) of {cfg.span_windows} × {cfg.window_s:g} s windows, each against the "
+            f"≥ {cfg.min_reference_windows} earlier windows of its incarnation; windows as clusters, "
+            f"between-window variance from the reference; {c['windows_judged']} window(s) with "
+            f"≥ {cfg.min_draft_tokens} draft tokens in {c['incarnations']} incarnation(s))")
+
+
+def _span_text(e: dict[str, Any], fault_t: float | None,
+               windows: dict[str, tuple[float, float]] | None = None) -> str:
+    where = instant(e["at"], fault_t, windows)
+    return (f"{e['from']:.3f} over {e['reference_windows']} window(s) → {e['to']:.3f} over the "
+            f"{e['span_windows']} window(s) from {where} ({e['span_tokens']:.0f} draft tokens; "
+            f"sd {e['sd']:.3f}, between-window sd {e['tau2'] ** 0.5:.3f})")
 
 
 def check(run: RecordedRun) -> list[CheckResult]:
@@ -127,37 +191,38 @@ def check(run: RecordedRun) -> list[CheckResult]:
         c = s["canaries"]
         if c is None:   # no speculation on this server: nothing to judge
             continue
-        if not c["pairs_judged"]:
-            why = (f"no two consecutive {cfg.window_s:g} s windows with ≥ {cfg.min_draft_tokens} draft "
-                   f"tokens each and no restart between them ({len(s['windows'])} window(s), "
-                   f"{c['windows_judged']} with enough draft tokens)")
+        if not c["spans_tested"]:
+            why = (f"no incarnation with {cfg.min_reference_windows} + {cfg.span_windows} {cfg.window_s:g} s "
+                   f"windows of ≥ {cfg.min_draft_tokens} draft tokens ({len(s['windows'])} window(s), "
+                   f"{c['windows_judged']} with enough draft tokens, in {c['incarnations']} incarnation(s))")
             for kind, limit in (("collapse", cfg.collapse_max_drop), ("saturation", cfg.saturation_min_jump)):
                 if limit is not None:
                     out.append(CheckResult.not_judged(f"speculation.{name}.{kind}", "speculation", None, limit, why))
             continue
+        conf = f"{100 * (1 - cfg.alpha):g}%"
         if cfg.collapse_max_drop is not None:
             d = c["collapse"]
-            drop = max(0.0, d["drop"])
+            drop = max(0.0, d["bound"])
             passed = drop <= cfg.collapse_max_drop
-            where = instant(d["at"], fault_t, run.windows)
-            detail = (f"acceptance rate fell {d['from']:.3f} → {d['to']:.3f} into the window starting {where}"
-                      if not passed else f"largest fall {drop:.3f} ({d['from']:.3f} → {d['to']:.3f} at {where})")
+            detail = (f"acceptance rate fell {_span_text(d, fault_t, run.windows)}: a fall of at least {drop:.3f} "
+                      f"at {conf} confidence" if not passed else
+                      f"largest fall one can be {conf} confident of: {drop:.3f} "
+                      f"({_span_text(d, fault_t, run.windows)}; point fall {d['from'] - d['to']:.3f})")
             out.append(CheckResult(f"speculation.{name}.collapse", "speculation", passed, round(drop, 4),
-                                   cfg.collapse_max_drop, f"{detail}; {_judged_detail(c, cfg)}"))
+                                   cfg.collapse_max_drop, f"{detail}; {_test_detail(c, cfg)}"))
         if cfg.saturation_min_jump is not None:
             r = c["saturation"]
-            rise = max(0.0, r["rise"]) if r else 0.0
+            rise = max(0.0, r["bound"]) if r else 0.0
             passed = rise < cfg.saturation_min_jump
             if r is None:
-                detail = f"no window reached acceptance ≥ {cfg.saturation_rate:g} from a lower one"
+                detail = f"no span reached acceptance ≥ {cfg.saturation_rate:g}"
             else:
-                where = instant(r["at"], fault_t, run.windows)
-                detail = (f"acceptance rate jumped {r['from']:.3f} → {r['to']:.3f} (≥ {cfg.saturation_rate:g}) "
-                          f"into the window starting {where}" if not passed else
-                          f"largest rise into a window at ≥ {cfg.saturation_rate:g}: {rise:.3f} "
-                          f"({r['from']:.3f} → {r['to']:.3f} at {where})")
+                detail = (f"acceptance rate jumped to ≥ {cfg.saturation_rate:g}: {_span_text(r, fault_t, run.windows)}, a rise "
+                          f"of at least {rise:.3f} at {conf} confidence" if not passed else
+                          f"largest rise into a span at ≥ {cfg.saturation_rate:g} one can be {conf} confident "
+                          f"of: {rise:.3f} ({_span_text(r, fault_t, run.windows)})")
             out.append(CheckResult(f"speculation.{name}.saturation", "speculation", passed, round(rise, 4),
-                                   cfg.saturation_min_jump, f"{detail}; {_judged_detail(c, cfg)}"))
+                                   cfg.saturation_min_jump, f"{detail}; {_test_detail(c, cfg)}"))
     return out
 
 
@@ -211,7 +276,7 @@ def section(run: RecordedRun) -> dict[str, Any]:
                                        "kv_cache_usage_perc_max", "num_preemptions",
                                        "ttft_mean_s", "itl_mean_s" (vLLM's histograms, seconds)}},
                             "windows": [{"start", "end", "acceptance_rate", "draft_tokens", "resets"}],
-                            "canaries": {"pairs_judged", "windows_judged", "collapse", "saturation"}|None}}}
+                            "canaries": :func:`canaries`' dict | None}}}
 
     Acceptance fields are None for a server without speculation (or a window without draft tokens).
     """

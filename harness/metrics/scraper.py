@@ -12,10 +12,10 @@ the file; nothing here judges).
      "gauges": {"vllm:num_requests_running": n, "vllm:num_requests_waiting": n,
                 "vllm:kv_cache_usage_perc": fraction, "process_start_time_seconds": epoch s},
      "histograms": {"vllm:time_to_first_token_seconds": {"buckets": {le: n}, "sum": s, "count": n}, ...},
-     "rss_bytes": int|None, "tree_pids": [int], "pid": int|None, "latency_s": s}
+     "rss_bytes": int|None, "tree_pids": [int], "pid": int|None, "incarnation": int|None, "latency_s": s}
 
     {"t": ..., "server": ..., "ok": false, "error": "one line", "rss_bytes": int|None, "tree_pids": [int],
-     "pid": int|None}
+     "pid": int|None, "incarnation": int|None}
 
 Counter names as vLLM exposes the samples (with ``_total``), summed over label sets (see
 :func:`harness.metrics.prometheus.parse_page`); a metric the page lacks is absent, never 0.
@@ -24,8 +24,11 @@ A scrape that fails — refused, timed out, non-200, unparsable — is a *gap* l
 server's process tree (API process and every descendant, psutil; shared pages count once
 per process, as ``ps`` shows them), None when the server has no live API process;
 ``tree_pids`` the processes it summed (a tree that lost its worker shows here), ``pid``
-the API process. Both are read on every line, gaps included (a frozen or busy server
-still has memory).
+the API process, ``incarnation`` the supervisor's incarnation number of that process (0
+first, +1 per restart; None where the server has no supervisor, or when a restart began
+while the line was read). They are read on every line, gaps included (a frozen or busy
+server still has memory). Every figure that spans time on one server is judged per
+incarnation from these markers (:func:`harness.metrics.speculation.incarnation`).
 
 Subscribers (:meth:`MetricsScraper.subscribe`) get every line dict as it is written, on
 the scraper's thread of that server — e.g. a speculation circuit breaker, which must not
@@ -44,7 +47,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import httpx
@@ -106,6 +109,13 @@ def tree_memory(api: psutil.Process | None,
     return (total, sorted(pids)) if pids else (None, [])
 
 
+@runtime_checkable
+class Incarnated(Protocol):
+    """A server that counts its incarnations (a supervised one: 0 first, +1 per restart)."""
+
+    incarnation: int
+
+
 class TreeCache:
     """The members of one server's process tree, found by walking the host's processes
     (``children(recursive=True)`` reads every process: 2-5 ms with ~100 on the host) only
@@ -154,6 +164,11 @@ def tree_rss_bytes(api: psutil.Process | None) -> int | None:
     return tree_memory(api)[0]
 
 
+def _incarnation(server: object) -> int | None:
+    """The server's incarnation number now, None without a supervisor counting them."""
+    return int(server.incarnation) if isinstance(server, Incarnated) else None
+
+
 def _one_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return " ".join(text.split())[:300]
@@ -166,10 +181,13 @@ def scrape_line(client: httpx.Client | LoopbackGet, name: str, server: ScrapedSe
     ``client``: an ``httpx.Client``, or the scraping thread's :class:`harness.net.LoopbackGet`
     for ``server.base_url`` (cheaper: module doc of that class).
     ``tree``: the thread's :class:`TreeCache` for this server (None: walk the tree now)."""
+    inc = _incarnation(server)
     try:   # process ids only where the launcher has them (an external server: no RSS)
         api = server.api_process() if isinstance(server, ProcessRoles) else None
     except Exception:   # noqa: BLE001 - a server object mid-restart
         api = None
+    if inc is not None and _incarnation(server) != inc:   # a restart began meanwhile: which one is api?
+        inc = None
     pid = api.pid if api is not None else None
     t0 = time.perf_counter()
     line: Line
@@ -189,6 +207,7 @@ def scrape_line(client: httpx.Client | LoopbackGet, name: str, server: ScrapedSe
         line = {"t": now(), "server": name, "ok": False, "error": _one_line(exc)}
     line["rss_bytes"], line["tree_pids"] = tree_memory(api) if tree is None else tree.memory(api)
     line["pid"] = pid
+    line["incarnation"] = inc
     if line["ok"]:
         line["latency_s"] = round(time.perf_counter() - t0, 6)
     return line

@@ -14,8 +14,9 @@ the counters' increase in a window:
 
 Counters and restarts: a counter's increase between two successful scrapes of one server
 is the difference of its values, unless the server restarted in between — its value went
-*down*, or the scraped process changed (``process_start_time_seconds`` on the page, else
-the API ``pid`` the scraper recorded) — then the new process counted from 0 and the
+*down*, or the scraped process changed (:func:`incarnation`: the supervisor's incarnation
+number the scraper recorded, ``process_start_time_seconds`` on the page, the API ``pid``;
+any of them that two lines both carry and that differs) — then the new process counted from 0 and the
 increase is the new value (Prometheus' ``increase()`` rule): never negative, nothing
 counted twice. Failed scrapes (gap lines) are skipped, never read as zeros; the increase
 across a gap is still counted, at the first successful scrape after it. Every increase is
@@ -24,19 +25,30 @@ holds the increments with ``start ≤ t1 < end``, so with 2 Hz scraping attribut
 accurate to 0.5 s. A restart that neither lowers the counter nor changes the process
 markers (a launcher that gives no pid, on a page without the process collector) cannot be
 seen and is counted as a plain increase.
+
+Noise of the acceptance rate between windows (:func:`acceptance_shift`): the draft tokens
+of one window come from the few requests in flight in it, and how well a draft guesses
+varies from prompt to prompt, so window rates scatter far more than a binomial over draft
+tokens would (seen on the real set, SmolLM2 + draft-l25 at 4 users: a 5 s window of 84 draft
+tokens with none accepted, 1–4 requests running, from a draft that accepts 0.10–0.31 per
+prompt bucket, next to a window at 0.40). The windows are
+therefore the clusters: a window's rate has variance p(1−p)/n (n its draft tokens) plus a
+between-window variance τ² that the windows themselves measure (the DerSimonian–Laird
+moment estimate, :func:`between_window_variance`), and a pooled rate over windows is
+weighted by draft tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from harness.jsonl import read_objects
 
 __all__ = ["DRAFTS", "DRAFT_TOKENS", "ACCEPTED", "Increment", "read_series", "server_lines", "servers_in",
-           "incarnation", "counter_increments", "is_speculative", "SpeculationSeries", "acceptance",
-           "window_acceptance"]
+           "incarnation", "same_incarnation", "counter_increments", "is_speculative", "SpeculationSeries", "acceptance",
+           "window_acceptance", "Counts", "between_window_variance", "AcceptanceShift", "acceptance_shift"]
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -84,11 +96,26 @@ def server_lines(lines: Iterable[Line], server: str) -> list[Line]:
     return sorted((ln for ln in lines if ln.get("server") == server), key=lambda ln: ln["t"])
 
 
-def incarnation(line: Line) -> Any:
-    """What identifies the server process a successful line came from: the page's
-    ``process_start_time_seconds``, else the scraper's ``pid``, else None (unknown)."""
+def incarnation(line: Line) -> tuple[tuple[str, Any], ...]:
+    """What identifies the server incarnation a line came from: the markers it carries, as
+    ``(name, value)`` pairs in this order — ``("incarnation", n)`` (the supervisor's
+    incarnation number, recorded by the scraper since it has one; a line whose number could
+    not be read consistently has none), ``("start", s)`` (the page's
+    ``process_start_time_seconds``), ``("pid", p)`` (the API process the scraper read).
+    Empty when the line carries none (unknown). Hashable: equal tuples are one incarnation
+    (grouping); :func:`same_incarnation` compares lines that carry different markers."""
     start = (line.get("gauges") or {}).get("process_start_time_seconds")
-    return ("start", start) if start is not None else (("pid", line["pid"]) if line.get("pid") is not None else None)
+    marks = (("incarnation", line.get("incarnation")), ("start", start), ("pid", line.get("pid")))
+    return tuple((k, v) for k, v in marks if v is not None)
+
+
+def same_incarnation(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether two :func:`incarnation` keys may be one incarnation: every marker both carry
+    is equal. A marker only one carries, or none in common, is no evidence of a restart; any
+    one that differs is (an external server's incarnation number stays 0 while its start
+    time tells its restart)."""
+    da = dict(a)
+    return all(da[k] == v for k, v in b if k in da)
 
 
 def counter_increments(lines: Iterable[Line], value: Callable[[Line], float | None]) -> list[Increment]:
@@ -115,7 +142,7 @@ def counter_increments(lines: Iterable[Line], value: Callable[[Line], float | No
         key = incarnation(ln)
         if prev is not None:
             t0, v0, key0 = prev
-            reset = v < v0 or (key is not None and key0 is not None and key != key0)
+            reset = v < v0 or not same_incarnation(key, key0)
             out.append(Increment(t0, float(ln["t"]), float(v) if reset else float(v - v0), reset, gap))
         prev, gap = (float(ln["t"]), float(v), key), False
     return out
@@ -227,3 +254,97 @@ def window_acceptance(series: SpeculationSeries, window_s: float, start: float |
         out.append({"start": a, "end": b, **acceptance(series, a, b)})
         n += 1
     return out
+
+
+#: One window's counts: ``(accepted draft tokens, draft tokens)``.
+Counts = tuple[float, float]
+
+
+def _shrunk(accepted: float, tokens: float) -> float:
+    """The rate with half a token of each kind added (Jeffreys): never exactly 0 or 1, so a
+    window of an exact draft (every token accepted) still has a binomial variance."""
+    return (accepted + 0.5) / (tokens + 1.0)
+
+
+def between_window_variance(windows: Sequence[Counts]) -> float:
+    """τ², the variance of the windows' true acceptance rates around their common mean
+    (fraction², ≥ 0): the DerSimonian–Laird moment estimate, max(0, (Q − (k − 1)) ÷
+    (Σw − Σw² ÷ Σw)), with w = n ÷ (p(1−p)) per window (n its draft tokens, p the pooled
+    rate, shrunk as :func:`_shrunk`) and Q = Σ w (rate − weighted mean)². 0 for fewer than
+    two windows with draft tokens (no spread to measure)."""
+    ws = [(a, n) for a, n in windows if n > 0]
+    if len(ws) < 2:
+        return 0.0
+    p = _shrunk(sum(a for a, _ in ws), sum(n for _, n in ws))
+    w = [n / (p * (1.0 - p)) for _, n in ws]
+    r = [a / n for a, n in ws]
+    sw = sum(w)
+    mean = sum(wi * ri for wi, ri in zip(w, r)) / sw
+    q = sum(wi * (ri - mean) ** 2 for wi, ri in zip(w, r))
+    denom = sw - sum(wi * wi for wi in w) / sw
+    return max(0.0, (q - (len(ws) - 1)) / denom) if denom > 0 else 0.0
+
+
+def _pooled(windows: Sequence[Counts], tau2: float) -> tuple[float, float, float]:
+    """``(rate, shrunk rate, variance of the rate)`` of windows pooled by draft tokens: the
+    variance (p(1−p) Σn + τ² Σn²) ÷ (Σn)², each window a cluster (module doc)."""
+    acc, tokens = sum(a for a, _ in windows), sum(n for _, n in windows)
+    p = _shrunk(acc, tokens)
+    return acc / tokens, p, (p * (1.0 - p) * tokens + tau2 * sum(n * n for _, n in windows)) / tokens ** 2
+
+
+@dataclass(frozen=True)
+class AcceptanceShift:
+    """How far the acceptance rate of a span of windows lies from a reference span of the
+    same server incarnation, with the noise the reference measured (:func:`acceptance_shift`).
+
+    Fields:
+        reference_rate, span_rate: pooled acceptance rates (fractions).
+        reference_windows, span_windows: how many windows each side pooled.
+        reference_tokens, span_tokens: their draft tokens.
+        tau2: the between-window variance measured on the reference (fraction²).
+        sd: standard error of ``span_rate − reference_rate`` (fraction).
+    """
+
+    reference_rate: float
+    span_rate: float
+    reference_windows: int
+    span_windows: int
+    reference_tokens: float
+    span_tokens: float
+    tau2: float
+    sd: float
+
+    @property
+    def fall(self) -> float:
+        """``reference_rate − span_rate`` (negative for a rise)."""
+        return self.reference_rate - self.span_rate
+
+    def fall_bound(self, z: float) -> float:
+        """The fall one can be confident of at the one-sided level of ``z`` (a standard
+        normal quantile): ``fall − z·sd``, the lower confidence bound of the fall."""
+        return self.fall - z * self.sd
+
+    def rise_bound(self, z: float) -> float:
+        """The lower confidence bound of the rise, ``−fall − z·sd``."""
+        return -self.fall - z * self.sd
+
+
+def acceptance_shift(reference: Sequence[Counts], span: Sequence[Counts]) -> AcceptanceShift | None:
+    """Compare a span of windows with a reference of earlier windows (module doc: windows as
+    clusters). Both sides pooled by draft tokens; τ² measured on the reference and assumed
+    for the span too (the null: the span is more windows of the same draft); each side's
+    binomial part from its own shrunk rate. ``sd`` = √(var_reference + var_span).
+
+    Args:
+        reference, span: per window ``(accepted, draft tokens)``.
+    Returns:
+        The shift, or None when either side has no draft tokens.
+    """
+    if sum(n for _, n in reference) <= 0 or sum(n for _, n in span) <= 0:
+        return None
+    tau2 = between_window_variance(reference)
+    r_ref, _, v_ref = _pooled(reference, tau2)
+    r_span, _, v_span = _pooled(span, tau2)
+    return AcceptanceShift(r_ref, r_span, len(reference), len(span), float(sum(n for _, n in reference)),
+                           float(sum(n for _, n in span)), tau2, (v_ref + v_span) ** 0.5)

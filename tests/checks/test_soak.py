@@ -1,7 +1,9 @@
 """Soak canaries (harness.checks.soak) fed known defects: a leak, acceptance decay, KV
 growth, latency drift and an error burst each fail their own canary; a steady run passes;
-windows inside a fault's span are left out; too few windows are not judged; a soak needs no
-fault to be judged. Also the Theil–Sen fit (harness.metrics.drift)."""
+a noisy draft's scatter is no decay; each incarnation is fitted apart, and a decay inside
+one still fails; windows inside a fault's span are left out; too few windows are not
+judged; a soak needs no fault to be judged. Also the Theil–Sen fit and the Mann–Kendall
+test (harness.metrics.drift)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from harness.checks.run import recorded_run
 from harness.checks.soak import check, section
 from harness.experiment.config import SpecchaosConfig
-from harness.metrics.drift import theil_sen
+from harness.metrics.drift import mann_kendall, theil_sen
 from harness.metrics.speculation import ACCEPTED, DRAFT_TOKENS, DRAFTS
 from harness.report.judge import judge
 from tests.factories import fail, make_record
@@ -20,11 +22,16 @@ SPAN = 600.0   # ten windows of 60 s
 MIB = 2**20
 
 
-def lines(*, rss=lambda t: 2000 * MIB, acc=lambda t: 0.9, kv=lambda t: 0.3, server="spec", pid=100):
-    """A scrape a second: counters accumulating at ``acc(t)``, RSS ``rss(t)``, KV usage ``kv(t)``."""
+def lines(*, rss=lambda t: 2000 * MIB, acc=lambda t: 0.9, kv=lambda t: 0.3, server="spec", pid=100,
+          restart_at=None):
+    """A scrape a second: counters accumulating at ``acc(t)``, RSS ``rss(t)``, KV usage ``kv(t)``.
+    ``restart_at``: from that second on a new process (pid + 100, counters from 0) answers."""
     out, drafts, tokens, accepted = [], 0.0, 0.0, 0.0
     for i in range(int(SPAN) + 1):
         t = T0 + i
+        if restart_at is not None and i == restart_at:
+            drafts = tokens = accepted = 0.0
+            pid += 100
         drafts += 10
         tokens += 40
         accepted += 40 * acc(t)
@@ -47,8 +54,8 @@ def run_of(metrics, recs, *, faults=(), enabled=True, **limits):
               {"t": T0 + SPAN - 120, "source": "runner", "event": "phase_start", "phase": "after"},
               {"t": T0 + SPAN, "source": "runner", "event": "load_stopped"}]
     for i, (a, b) in enumerate(faults):
-        events += [{"t": a, "source": "fault", "event": "fault_injected", "fault_id": f"f{i}", "kind": "process-kill",
-                    "target": "spec/worker"},
+        events += [{"t": a, "source": "fault", "event": "fault_injected", "fault_id": f"f{i}", "kind": "network",
+                    "target": "spec", "recovery_from": "cleared"},
                    {"t": a + 1, "source": "fault", "event": "fault_evidence", "fault_id": f"f{i}", "acted": True},
                    {"t": b, "source": "fault", "event": "fault_cleared", "fault_id": f"f{i}"}]
     run = recorded_run(recs, [make_record(source="reference", chunk_tokens=[4] * 8)], events, cfg)   # prompt 0
@@ -127,3 +134,63 @@ def test_warm_up_growth_that_levels_off_is_not_a_leak():
         return (3226 + 160 * min(1.0, (t - T0) / 240)) * MIB
     res = results(run_of(lines(rss=warm), records()))
     assert res["soak.spec.rss_growth_per_30min"].passed is True, res["soak.spec.rss_growth_per_30min"].detail
+
+
+#: Acceptance per 60 s window of a noisy draft: the Theil–Sen line falls 0.09 over the span
+#: (beyond max_acceptance_drop 0.05), but the windows go up and down (Mann–Kendall p 0.12).
+NOISY = [0.9, 0.8, 0.95, 0.78, 0.92, 0.8, 0.9, 0.75, 0.88, 0.78]
+
+
+def test_a_noisy_draft_is_no_decay():
+    res = results(run_of(lines(acc=lambda t: NOISY[min(9, int((t - T0 - 1) // 60))]), records()))
+    c = res["soak.acceptance_drop"]
+    assert c.passed is True and c.observed > 0.05, c.detail
+    assert "within the series' own scatter" in c.detail and "Mann–Kendall" in c.detail
+
+
+def kill_and_restart(at=T0 + 300, ready=T0 + 320):
+    return [{"t": at, "source": "fault", "event": "fault_injected", "fault_id": "k", "kind": "process-kill",
+             "target": "spec/worker", "acting_at": at, "recovery_from": "injected"},
+            {"t": at + 0.5, "source": "fault", "event": "fault_evidence", "fault_id": "k", "acted": True},
+            {"t": at + 0.5, "source": "fault", "event": "fault_cleared", "fault_id": "k"},
+            {"t": at + 1, "source": "stack", "event": "server_exited", "server": "spec"},
+            {"t": ready, "source": "stack", "event": "server_ready", "server": "spec"}]
+
+
+def run_with_events(metrics, extra):
+    run = run_of(metrics, records())
+    run.events = sorted(run.events + extra, key=lambda e: e["t"])
+    return run
+
+
+@pytest.mark.parametrize("timeline", [True, False])
+def test_each_incarnation_is_fitted_apart(timeline):
+    """Before a kill the draft accepts 0.9, the restarted server 0.6 (and starts with less
+    RSS): no decay and no leak inside either incarnation, so none is judged, with or
+    without the timeline (the restart is seen on the counters that started over); a decay
+    inside the second incarnation still fails."""
+    def acc(t):
+        return 0.9 if t < T0 + 300 else 0.6
+
+    def rss(t):
+        return (2400 if t < T0 + 300 else 2000) * MIB
+
+    metrics = lines(acc=acc, rss=rss, restart_at=300)
+    res = results(run_with_events(metrics, kill_and_restart() if timeline else []))
+    for name in ("soak.acceptance_drop", "soak.spec.rss_growth_per_30min"):
+        assert res[name].passed is not False, res[name].detail
+    c = res["soak.acceptance_drop"]
+    assert c.passed is True and "2 incarnation(s) judged apart" in c.detail
+    decay = lines(acc=lambda t: 0.9 if t < T0 + 300 else 0.8 - 0.3 * (t - T0 - 300) / 300, restart_at=300)
+    res = results(run_with_events(decay, kill_and_restart() if timeline else []))
+    assert res["soak.acceptance_drop"].passed is False, res["soak.acceptance_drop"].detail
+    assert "incarnation 1" in res["soak.acceptance_drop"].detail
+
+
+def test_mann_kendall_knows_monotone_from_noise():
+    assert mann_kendall([1, 2, 3, 4], [4, 3, 2, 1]).p_decreasing == pytest.approx(0.0447, abs=1e-3)
+    assert mann_kendall(list(range(10)), NOISY).p_decreasing > 0.1
+    flat = mann_kendall([1, 2, 3], [5, 5, 5])
+    assert flat.s == 0 and flat.p_increasing == 0.5
+    with pytest.raises(ValueError):
+        mann_kendall([1, 2], [1])

@@ -194,3 +194,36 @@ def parent_with_child(*, reaps: bool):
             p.kill()
         parent.kill()
         parent.wait()
+
+
+class _Supervised:
+    """A supervised server's face over the fake vLLM: its processes, and an incarnation
+    number that a restart beginning mid-read (``bump_on_read``) moves on."""
+
+    def __init__(self, fake, incarnation: int, bump_on_read: bool = False):
+        self.fake, self.base_url, self._n, self.bump = fake, fake.base_url, incarnation, bump_on_read
+
+    @property
+    def incarnation(self) -> int:
+        n = self._n
+        self._n += int(self.bump)
+        return n
+
+    def api_process(self):
+        return self.fake.api_process()
+
+    def roles(self):
+        return self.fake.roles()
+
+
+def test_lines_carry_the_supervisor_s_incarnation_number(fake_vllm):
+    """Every line names the incarnation of the process it read; a restart that began while
+    the line was read leaves it without one (which process answered is then unknown)."""
+    from harness.metrics.scraper import scrape_line
+
+    fake = fake_vllm(num_speculative_tokens=4)
+    with httpx.Client(timeout=5) as client:
+        line = scrape_line(client, "spec", _Supervised(fake, 3))
+        assert line["ok"] and line["incarnation"] == 3 and line["pid"] == fake.pid
+        assert scrape_line(client, "spec", _Supervised(fake, 3, bump_on_read=True))["incarnation"] is None
+        assert scrape_line(client, "spec", fake)["incarnation"] is None    # no supervisor counting
