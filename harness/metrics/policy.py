@@ -33,7 +33,8 @@ verifies them, so its time is ``(kc + 1)`` target steps; the median gap between 
 chunks of the speculative streams (one chunk per step) over the plain streams' median gap
 (one token per step), at the same concurrency, gives ``c = (gap_spec ÷ gap_plain − 1) ÷ k``
 (floored at 0) — an *effective* draft cost that includes the extra cost of verifying
-``k + 1`` tokens. A cell without a measurable gap on either side gets ``c = 0``, the most
+``k + 1`` tokens. The bound uses the low end of its interval (``c_low``, from the ITL
+p50's bootstrap interval), so that noise in the gaps never tightens the bound. A cell without a measurable gap on either side gets ``c = 0``, the most
 generous bound, and says so.
 
 **A cell's verdict** for the policy's figure (:func:`cell_verdict`), first match wins:
@@ -155,7 +156,8 @@ def break_even_alpha(k: int, c: float) -> float:
     return alpha_from_length(k * c + 1.0, k)
 
 
-def draft_cost(spec_gap_s: float | None, plain_gap_s: float | None, k: int) -> dict[str, Any]:
+def draft_cost(spec_gap_s: float | None, plain_gap_s: float | None, k: int,
+               ratio_low: float | None = None) -> dict[str, Any]:
     """The measured draft cost ``c`` of a cell (module doc).
 
     Args:
@@ -163,16 +165,22 @@ def draft_cost(spec_gap_s: float | None, plain_gap_s: float | None, k: int) -> d
             one chunk per verified step), None when not measured.
         plain_gap_s: the same over the plain streams (one token per step).
         k: drafted tokens per step.
+        ratio_low: the low end of the interval of ``spec_gap_s ÷ plain_gap_s`` (None: the
+            point ratio): gives ``c_low``, the cost the bound uses (noise in the gaps must
+            not tighten the bound).
 
     Returns:
-        ``{"c", "measured": bool, "spec_gap_s", "plain_gap_s", "note"}``; ``c`` ≥ 0, 0 (the
-        most generous bound) when a gap is missing, with the note saying so.
+        ``{"c", "c_low", "measured": bool, "spec_gap_s", "plain_gap_s", "note"}``; ``c``
+        and ``c_low`` ≥ 0, both 0 (the most generous bound) when a gap is missing, with the
+        note saying so.
     """
     if not spec_gap_s or not plain_gap_s or k < 1:
-        return {"c": 0.0, "measured": False, "spec_gap_s": spec_gap_s, "plain_gap_s": plain_gap_s,
+        return {"c": 0.0, "c_low": 0.0, "measured": False, "spec_gap_s": spec_gap_s, "plain_gap_s": plain_gap_s,
                 "note": "draft cost not measured (no chunk gap on a side): the bound uses c = 0, the most generous"}
-    c = max(0.0, (spec_gap_s / plain_gap_s - 1.0) / k)
-    return {"c": c, "measured": True, "spec_gap_s": spec_gap_s, "plain_gap_s": plain_gap_s,
+    ratio = spec_gap_s / plain_gap_s
+    c = max(0.0, (ratio - 1.0) / k)
+    c_low = max(0.0, (min(ratio, ratio_low if ratio_low is not None else ratio) - 1.0) / k)
+    return {"c": c, "c_low": c_low, "measured": True, "spec_gap_s": spec_gap_s, "plain_gap_s": plain_gap_s,
             "note": f"c = (spec chunk gap {spec_gap_s * 1e3:.2f} ms / plain {plain_gap_s * 1e3:.2f} ms - 1) / k"}
 
 
@@ -186,12 +194,13 @@ def _rates(cell: dict[str, Any]) -> list[float]:
 
 
 def cell_bound(cell: dict[str, Any]) -> dict[str, Any]:
-    """The cell's bound (module doc): ``{"alpha", "k", "c", "c_measured", "tokens_per_step",
+    """The cell's bound (module doc) at ``draft_cost["c_low"]`` (else ``["c"]``; neither: 0):
+    ``{"alpha", "k", "c", "c_measured", "tokens_per_step",
     "speedup_bound", "note"}``; ``speedup_bound`` None when neither the client nor vLLM
     measured acceptance (then nothing bounds the cell)."""
     k = int(cell["k"])
     dc = cell.get("draft_cost") or {}
-    c = float(dc.get("c") or 0.0)
+    c = float(dc.get("c_low", dc.get("c")) or 0.0)
     lengths = _lengths(cell)
     rates = _rates(cell)
     if not lengths and rates:

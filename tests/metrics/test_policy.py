@@ -211,3 +211,13 @@ def test_the_breaker_comes_from_the_bound_at_the_measured_cost():
     assert br["soft_num_speculative_tokens"] == 2
     pol = derive_policy([cell("a", 4, 1, "long", 2.0)])
     assert pol["enabled"] and pol["breaker"] is None and any("c = 0" in n for n in pol["notes"])
+
+
+def test_the_bound_uses_the_low_end_of_the_draft_cost():
+    """Gaps 44 ms vs 40 ms at k = 4 (c = 0.025) whose interval reaches the plain gap (ratio
+    1.0): the bound uses c = 0, so noise in the gaps cannot make a cell at alpha 1 implausible."""
+    dc = draft_cost(0.044, 0.040, 4, ratio_low=1.0)
+    assert dc["c"] == pytest.approx(0.025) and dc["c_low"] == 0.0
+    c = cell("a", 4, 1, "long", 4.72, acc=1.0, width=0.25)
+    c["draft_cost"] = dc
+    assert cell_bound(c)["speedup_bound"] == pytest.approx(5.0) and plausibility(c)["state"] == "plausible"
