@@ -228,3 +228,15 @@ def test_validate_of_a_sweep_file_says_it_is_one(tmp_path):
     runs it: one line, exit 2."""
     sweep = ROOT / "experiments" / "sweep-speculation.yaml"
     assert_one_line_error(cli("validate", str(sweep)), "this is a sweep file", "specchaos sweep")
+
+
+def test_load_on_the_plain_server_alone_needs_it(tmp_path, models_built):
+    """A block's plain side (``load.target: ref``) needs the reference server and no mirror:
+    one line naming the field, exit 2."""
+    base = write_base(tmp_path)
+    assert_one_line_error(cli("validate", str(base), "--set", "load.target=ref", "--set", "stack.reference=false",
+                              "--set", "integrity.min_compared=0"), "load.target: ref needs the reference server")
+    assert_one_line_error(cli("validate", str(base), "--set", "load.target=ref", "--set", "load.mirror=true"),
+                          "load.target: ref needs the reference server and no mirror")
+    ok = cli("validate", str(base), "--set", "load.target=ref")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
