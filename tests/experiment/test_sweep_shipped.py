@@ -39,15 +39,22 @@ def test_the_known_answer_sweep_plans(models_built, monkeypatch):
     assert len(lines) == 24 and sum("JSON list" in x["prompt"] for x in lines) == 12
 
 
+def swept(sweep, out) -> dict:
+    """Run a sweep file with the CLI; its policy.json, every cell measured."""
+    res = cli("sweep", str(sweep), "--out", str(out), "--no-progress", cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    pol = json.loads((out / "policy.json").read_text())
+    assert pol["missing"] == []
+    return pol
+
+
 @pytest.mark.stack
 @pytest.mark.nightly
 @pytest.mark.own_stack
 @pytest.mark.timeout(2700)
 def test_the_shipped_sweep_on_the_real_stack(tmp_path, models_built):
-    res = cli("sweep", str(SWEEP), "--out", str(tmp_path / "sweep"), "--no-progress", cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    pol = json.loads((tmp_path / "sweep" / "policy.json").read_text())
-    assert pol["missing"] == [] and len(pol["cells"]) == 48
+    pol = swept(SWEEP, tmp_path / "sweep")
+    assert len(pol["cells"]) == 48
     assert pol["sweep"]["stack_starts"] == 4 and pol["sweep"]["stack_reuses"] == 16 * 4 - 4
     p = pol["policy"]
     assert p is not None and {"enabled", "enable", "k_by_bucket", "breaker", "vllm", "notes"} <= set(p)
@@ -63,10 +70,7 @@ def test_the_shipped_sweep_on_the_real_stack(tmp_path, models_built):
 @pytest.mark.timeout(2700)
 def test_the_known_answers_on_the_real_stack(tmp_path, models_built):
     """A ~20 % draft is off in every bucket; ngram is never enabled on random prompts."""
-    res = cli("sweep", str(KNOWN), "--out", str(tmp_path / "sweep"), "--no-progress", cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    pol = json.loads((tmp_path / "sweep" / "policy.json").read_text())
-    assert pol["missing"] == []
+    pol = swept(KNOWN, tmp_path / "sweep")
     cells = {c["id"]: c for c in pol["cells"]}
     for c in cells.values():
         if c["speculator"] == "acc20" or c["bucket"] == "random":
