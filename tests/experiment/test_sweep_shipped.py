@@ -51,7 +51,7 @@ def swept(sweep, out) -> dict:
 @pytest.mark.stack
 @pytest.mark.nightly
 @pytest.mark.own_stack
-@pytest.mark.timeout(2700)
+@pytest.mark.timeout(3600)
 def test_the_shipped_sweep_on_the_real_stack(tmp_path, models_built):
     pol = swept(SWEEP, tmp_path / "sweep")
     assert len(pol["cells"]) == 48
@@ -67,7 +67,7 @@ def test_the_shipped_sweep_on_the_real_stack(tmp_path, models_built):
 @pytest.mark.stack
 @pytest.mark.nightly
 @pytest.mark.own_stack
-@pytest.mark.timeout(2700)
+@pytest.mark.timeout(3600)
 def test_the_known_answers_on_the_real_stack(tmp_path, models_built):
     """A ~20 % draft is off in every bucket; ngram is never enabled on random prompts."""
     pol = swept(KNOWN, tmp_path / "sweep")
