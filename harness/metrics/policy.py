@@ -88,8 +88,10 @@ __all__ = ["FIGURES", "BOUNDED_FIGURES", "VERDICTS", "speedup_bound", "expected_
 
 #: The figures a cell's speedup is given for, the policy's default first.
 FIGURES = ("throughput", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "ttft_p50", "ttft_p99", "goodput")
-#: The figures the decode-time bound applies to (a cell above its bound on any is implausible).
-BOUNDED_FIGURES = ("throughput", "tpot_p50")
+#: The figures a cell is checked against its bound on (a cell above its bound on any is
+#: implausible): the decision figure and the medians no speculator can move past the bound
+#: (goodput included: a goodput ratio above the bound is a threshold effect, not speculation).
+BOUNDED_FIGURES = ("throughput", "tpot_p50", "ttft_p50", "goodput")
 #: A cell's (and a policy decision's) verdicts, most severe first (module doc).
 VERDICTS = ("implausible", "unmeasured", "no acceptance", "loss", "inconclusive", "gain")
 _BISECT_STEPS = 200

@@ -191,11 +191,11 @@ def test_an_interval_across_1_is_inconclusive_and_enables_nothing():
 
 
 def test_a_bucket_without_acceptance_is_never_enabled():
-    """TTFT is not bounded by the decode bound: a TTFT gain at acceptance 0 is still no
-    reason to enable speculation."""
-    cells = [cell("n", 4, 1, "long", 1.5, acc=0.0, figure="ttft_p50", method="ngram")]
-    assert cell_verdict(cells[0], "ttft_p50")[0] == "no acceptance"
-    pol = derive_policy(cells, "ttft_p50")
+    """A figure the bound is not checked on (TTFT p99, a tail): a gain at acceptance 0 is
+    still no reason to enable speculation."""
+    cells = [cell("n", 4, 1, "long", 1.5, acc=0.0, figure="ttft_p99", method="ngram")]
+    assert cell_verdict(cells[0], "ttft_p99")[0] == "no acceptance"
+    pol = derive_policy(cells, "ttft_p99")
     assert pol["enabled"] is False and pol["k_by_bucket"][0]["verdict"] == "no acceptance"
 
 
@@ -221,3 +221,12 @@ def test_the_bound_uses_the_low_end_of_the_draft_cost():
     c = cell("a", 4, 1, "long", 4.72, acc=1.0, width=0.25)
     c["draft_cost"] = dc
     assert cell_bound(c)["speedup_bound"] == pytest.approx(5.0) and plausibility(c)["state"] == "plausible"
+
+
+def test_a_goodput_ratio_far_above_the_bound_is_implausible():
+    """The shipped sweep's exact-draft sampled cells at concurrency 4: acceptance 0.33 at
+    k 4 yet goodput 45x. At most 1 + 4 x 0.33 = 2.32 tokens per step: bound 2.32 at c = 0."""
+    c = cell("exact", 4, 4, "long", 45.0, acc=0.33, width=10.0, figure="goodput")
+    assert cell_bound(c)["speedup_bound"] == pytest.approx(2.32)
+    assert plausibility(c)["state"] == "implausible" and "goodput speedup 45.00" in plausibility(c)["reasons"][0]
+    assert derive_policy([c], "goodput")["enabled"] is False
