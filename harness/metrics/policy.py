@@ -374,8 +374,10 @@ def derive_policy(cells: Sequence[dict[str, Any]], figure: str = "throughput", s
         "break_even", "decisions": [{"level", "k", "verdict", "reason", "speedup", "low",
         "high", "rests_on"}], "rests_on"}], "breaker": {"hard_rejection", "soft_rejection",
         "soft_num_speculative_tokens", "acceptance_threshold", "alpha_break_even", "k", "c",
-        "rests_on"} | None, "vllm": {"speculative_config": {...}} | None, "notes": [str]}``;
-        ``rests_on`` lists cell ids. ``enabled`` false (with a note) when no bucket is a
+        "rests_on"} | None, "vllm": {"speculative_config": {...}} | None, "notes": [str],
+        "others": {speculator: [{"bucket", "k", "verdict", "decisions"}]}}``;
+        ``rests_on`` lists cell ids; ``others``: per speculator not chosen, its buckets'
+        k, verdict and decisions. ``enabled`` false (with a note) when no bucket is a
         ``gain`` at the lowest level.
 
     Raises:
@@ -472,7 +474,11 @@ def derive_policy(cells: Sequence[dict[str, Any]], figure: str = "throughput", s
             "enable": {"min_prompt_tokens": min_tokens, limit: max_level,
                        "rests_on": sorted({c for r in enabled_rows for d in r["decisions"]
                                            if pays_off(d["verdict"]) for c in d["rests_on"]})},
-            "k_by_bucket": rows, "breaker": breaker, "vllm": vllm, "notes": notes}
+            "k_by_bucket": rows, "breaker": breaker, "vllm": vllm, "notes": notes,
+            "others": {s: [{"bucket": r["bucket"], "k": r["k"], "verdict": r["verdict"],
+                            "decisions": [{"level": d["level"], "verdict": d["verdict"], "reason": d["reason"]}
+                                          for d in r["decisions"]]} for r in rs]
+                       for s, rs in by_spec.items() if s != spec}}
 
 
 def _breaker(cells: Sequence[dict[str, Any]], spec: str, rows: Sequence[dict[str, Any]], soft_margin: float,

@@ -74,6 +74,10 @@ def render_sweep(summary: dict[str, Any]) -> RenderableType:
             steps = ", ".join(f"{d['level']:g}: {d['verdict']}" for d in r.get("decisions", []))
             parts.append(Text(f"  {r['bucket']} ({r['min_prompt_tokens']}-{r['max_prompt_tokens']} tokens): "
                               f"k={r['k']}, {_speed(r)}, {'on' if r['enabled'] else 'off'}; by {kind}: {steps}"))
+        for spec, rows in sorted((pol.get("others") or {}).items()):
+            parts.append(Text(f"  {spec}: " + "; ".join(
+                f"{r['bucket']} k={r['k']} " + ", ".join(f"{d['level']:g}: {d['verdict']}" for d in r["decisions"])
+                for r in rows)))
         br = pol.get("breaker")
         if br:
             soft = "" if br["soft_rejection"] is None else \

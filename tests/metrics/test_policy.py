@@ -100,6 +100,9 @@ def test_the_policy_of_a_known_sweep():
     d = {x["level"]: x["verdict"] for x in rows["medium"]["decisions"]}
     assert d == {1: "gain", 4: "gain", 16: "loss"}
     assert pol["vllm"]["speculative_config"]["disable_by_batch_size"] == 4
+    # the speculator not chosen: its decisions are kept too
+    assert [d["verdict"] for d in next(r for r in pol["others"]["bad"] if r["bucket"] == "long")["decisions"]] == [
+        "loss", "loss", "loss"]
 
 
 def test_a_sweep_where_nothing_pays_off_recommends_off():
