@@ -71,7 +71,8 @@ from harness.experiment.runner import run as run_experiment
 from harness.experiment.sweep_config import Speculator, SweepConfig, load_sweep_file
 from harness.experiment.validate import load_experiment
 from harness.metrics.phases import records_in
-from harness.metrics.policy import FIGURES, best_k, break_even, cell_bound, cell_verdict, derive_policy, plausibility
+from harness.metrics.policy import (FIGURES, best_k, break_even, cell_bound, cell_verdict, checked_figures,
+                                    derive_policy, plausibility)
 from harness.metrics.scraper import METRICS_FILE
 from harness.metrics.speculation import SpeculationSeries, acceptance, read_series, server_lines
 from harness.metrics.sweep import cell_figures
@@ -344,7 +345,7 @@ def analyse_run(plan: SweepPlan, run: RunPlan, run_dir: Path) -> list[dict[str, 
                     "bucket": bucket, "min_prompt_tokens": lo, "max_prompt_tokens": hi, "sampling": samp,
                     "pairing": plan.cfg.pairing, **figs}
             cell["bound"] = cell_bound(cell)
-            cell["plausibility"] = plausibility(cell)
+            cell["plausibility"] = plausibility(cell, checked_figures(pol.figure))
             cell["verdict"], cell["reason"] = cell_verdict(cell, pol.figure)
             cells.append(cell)
     return cells

@@ -194,12 +194,15 @@ def test_an_interval_across_1_is_inconclusive_and_enables_nothing():
 
 
 def test_a_bucket_without_acceptance_is_never_enabled():
-    """A figure the bound is not checked on (TTFT p99, a tail): a gain at acceptance 0 is
-    still no reason to enable speculation."""
-    cells = [cell("n", 4, 1, "long", 1.5, acc=0.0, figure="ttft_p99", method="ngram")]
-    assert cell_verdict(cells[0], "ttft_p99")[0] == "no acceptance"
-    pol = derive_policy(cells, "ttft_p99")
-    assert pol["enabled"] is False and pol["k_by_bucket"][0]["verdict"] == "no acceptance"
+    """At acceptance 0 a gain on the deciding figure is above the bound (implausible); a
+    figure near 1 is "no acceptance" rather than inconclusive: there is nothing to wait for."""
+    near = cell("n", 4, 1, "long", 1.0, acc=0.0, method="ngram")
+    assert cell_verdict(near, "throughput")[0] == "no acceptance"
+    gain = cell("n", 4, 1, "long", 1.5, acc=0.0, figure="ttft_p99", method="ngram")
+    assert cell_verdict(gain, "ttft_p99")[0] == "implausible"
+    for c, f in ((near, "throughput"), (gain, "ttft_p99")):
+        pol = derive_policy([c], f)
+        assert pol["enabled"] is False and pol["k_by_bucket"][0]["verdict"] in ("no acceptance", "implausible")
 
 
 def test_the_breaker_comes_from_the_bound_at_the_measured_cost():
@@ -241,7 +244,9 @@ def test_a_bound_below_1_only_rules_out_gains():
     above the decode bound but is no gain: plausible. A gain there is implausible."""
     c = cell("acc20", 4, 2, "long", 0.99, acc=0.2, c=0.61, figure="ttft_p50")
     c["speedup"]["ttft_p50"].update(low=0.56, high=1.36)
-    assert cell_bound(c)["speedup_bound"] < 1 and plausibility(c)["state"] == "plausible"
+    assert cell_bound(c)["speedup_bound"] < 1 and plausibility(c, ("ttft_p50",))["state"] == "plausible"
     c["speedup"]["ttft_p50"].update(speedup=1.2, low=1.05)
-    pl = plausibility(c)
+    assert plausibility(c)["state"] == "plausible"   # TTFT is checked only where it decides
+    assert cell_verdict(c, "ttft_p50")[0] == "implausible"
+    pl = plausibility(c, ("ttft_p50",))
     assert pl["state"] == "implausible" and "above 1, where a bound below 1 stops" in pl["reasons"][0]
