@@ -53,6 +53,7 @@ def write_sweep(tmp: Path, launcher: str, ks: list[int], levels: list[int], phas
              "matrix": {"speculators": [{"name": "exact", "draft": "draft-exact"}], "k": ks, "concurrency": levels,
                         "buckets": ["short"], "sampling": ["greedy"]}}
     sweep["policy"] = {"min_values": 3}   # short phases: few requests per cell
+    sweep["pairing"] = "mirror"   # one experiment run per cell: the overhead figures of docs/guides/sweep.md
     (tmp / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     return tmp / "sweep.yaml"
 

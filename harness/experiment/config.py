@@ -108,6 +108,9 @@ class SpecchaosConfig(BaseModel):
     def _mirror_and_buckets(self) -> "SpecchaosConfig":
         if self.load.mirror and not self.stack.reference:
             raise ValueError("load.mirror needs the reference server: set stack.reference: true (or load.mirror: false)")
+        if self.load.target == "ref" and (self.load.mirror or not self.stack.reference):
+            raise ValueError("load.target: ref needs the reference server and no mirror: set stack.reference: true "
+                             "and load.mirror: false (or load.target: spec)")
         name, longest, out = self.load.longest_request_tokens()
         if longest + out > self.stack.max_model_len:
             own = self.load.buckets is not None and any(b.name == name and b.max_tokens for b in self.load.buckets)

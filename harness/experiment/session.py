@@ -253,8 +253,9 @@ class Session:
         run_time_s = (ph.warmup_s + ph.baseline_s + ph.fault_timeout_s + ph.recovery_timeout_s
                       + ph.after_s + self.info.method_hold_s + 120.0)
         mirror = self.stack.servers["ref"] if lc.mirror else None   # validation: mirror needs stack.reference
-        self.load = LocustProcess(self.fault_ctx.load_urls["spec"], prompts_path=self.prompts_path,
-                                  records_path=self.records_path, model=spec.model, cfg=lc,
+        target = self.stack.servers[lc.target]   # validation: target ref needs stack.reference
+        self.load = LocustProcess(self.fault_ctx.load_urls[lc.target], prompts_path=self.prompts_path,
+                                  records_path=self.records_path, model=target.model, cfg=lc,
                                   run_time_s=run_time_s, log_path=self.out_dir / "logs" / "locust.log",
                                   mirror_url=self.fault_ctx.load_urls["ref"] if mirror else None,
                                   mirror_model=mirror.model if mirror else None)

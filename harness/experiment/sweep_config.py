@@ -16,14 +16,27 @@
       buckets: [short, long]            # prompt-length buckets of the base's load (default: all)
       sampling: [greedy, sampled]       # sampling classes of the base's load (default: all)
     mix: [buckets]                      # dimensions mixed in one run and split per cell (default: none)
-    policy: {figure: goodput}
+    pairing: blocks                     # A/B blocks (default) or mirror
+    blocks: 3                           # A/B blocks per run
+    seed: 0                             # draws each block's order
+    policy: {figure: throughput}
 
 Each *cell* (speculator × k × level × bucket × sampling class) is measured against plain
-decoding on the same workload: the runs use mirror mode (``load.mirror``), the same seeded
-requests sent to the speculative server and, interleaved, to the non-speculative reference
-server on the same target — speculation off and on, paired request by request. Cells of one
-speculator and k share one started stack (:class:`harness.stack.pool.StackPool`); only the
-load changes between them.
+decoding on the same workload, on one started stack holding the speculative server and
+the non-speculative reference server on the same target (``stack.reference``):
+
+* ``pairing: blocks`` (default, for speed): ``blocks`` A/B blocks, each an experiment run
+  with the load on the speculative server alone and one with the same load on the plain
+  server alone (``load.target: ref``), the order of the two drawn per block from ``seed``;
+  the other server idles meanwhile, so neither changes the other's speed. Intervals come
+  from the blocks (:mod:`harness.metrics.sweep`).
+* ``pairing: mirror`` (for integrity): one run in mirror mode (``load.mirror``), the same
+  seeded requests sent to both servers interleaved, paired request by request — both
+  servers under load at once, sharing the host's cores, so each one's speed depends on
+  the other's: not a speed measurement.
+
+Cells of one speculator and k share one started stack (:class:`harness.stack.pool.StackPool`);
+only the load changes between them.
 
 Validated like an experiment: every unknown or mistyped field is an
 :class:`~harness.errors.ExperimentError` naming the file and the field; the base with each
@@ -126,7 +139,8 @@ class PolicyOptions(_Strict):
     """How cells become a policy (:func:`harness.metrics.policy.derive_policy`) and how
     their intervals are computed (:func:`harness.metrics.compare.bootstrap_changes`)."""
 
-    figure: Literal["goodput", "tpot_p50", "ttft_p50", "ttft_p99"] = "goodput"
+    figure: Literal["throughput", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "ttft_p50", "ttft_p99",
+                    "goodput"] = "throughput"
     soft_margin: float = Field(0.1, ge=0, le=1)
     confidence: float = Field(0.95, gt=0, lt=1)
     resamples: int = Field(1000, ge=10, le=100000)
@@ -143,7 +157,8 @@ class SweepConfig(_Strict):
     cell before the cell's own settings; ``measure_phases`` are the phases whose requests
     the cells measure; ``mix`` the workload dimensions (``buckets``, ``sampling``) that
     share one run, whose records are split into cells afterwards (default none: one run
-    per cell; :mod:`harness.experiment.sweep`)."""
+    per cell; :mod:`harness.experiment.sweep`); ``pairing``, ``blocks`` and ``seed`` how
+    speculative and plain decoding are paired (module doc)."""
 
     version: Literal[1] = 1
     title: str = Field(min_length=1)
@@ -152,6 +167,9 @@ class SweepConfig(_Strict):
     set: dict[str, Any] = Field(default_factory=dict)
     matrix: Matrix
     mix: list[Literal["buckets", "sampling"]] = Field(default_factory=list)
+    pairing: Literal["blocks", "mirror"] = "blocks"
+    blocks: int = Field(3, ge=1, le=50)
+    seed: int = 0
     measure_phases: list[Literal["baseline", "fault", "recovery", "after"]] = Field(
         default_factory=lambda: list(MEASURED_PHASES), min_length=1)
     policy: PolicyOptions = Field(default_factory=PolicyOptions)

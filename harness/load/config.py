@@ -25,6 +25,9 @@ Three workload options shape what a request is:
 * ``mirror``: send the same seeded workload to the speculative and the reference server,
   interleaved (needs ``stack.reference``), so speculative and plain latency are measured
   in the same run.
+* ``target``: the server the load goes to: ``spec`` (default) or ``ref``, the plain
+  reference alone (needs ``stack.reference``; ``specchaos sweep``'s A/B blocks measure plain
+  decoding so, on the same started stack as the speculative blocks).
 
 Two options shape when requests are sent and what a failed one does:
 
@@ -443,6 +446,7 @@ class LoadConfig(BaseModel):
     #: request classes; absent: the seeded prompt set.
     source: SourceConfig | None = None
     mirror: bool = False
+    target: Literal["spec", "ref"] = "spec"
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     # --- distributed load: locust's own master/worker mode on loopback; 0 = one locust

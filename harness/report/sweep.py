@@ -16,7 +16,10 @@ from rich.text import Text  # noqa: E402
 
 __all__ = ["render_sweep", "plot_sweep"]
 
-_FIGS = (("goodput", "goodput"), ("tpot_p50", "TPOT p50"), ("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"))
+_FIGS = (("throughput", "tok/s"), ("tpot_p50", "TPOT p50"), ("itl_p50", "ITL p50"), ("ttft_p50", "TTFT p50"),
+         ("goodput", "goodput"))
+_VERDICT_STYLE = {"gain": "green", "loss": "red", "implausible": "bold magenta", "inconclusive": "yellow",
+                  "no acceptance": "red", "unmeasured": "dim"}
 
 
 def _speed(f: dict[str, Any] | None) -> str:
@@ -36,53 +39,67 @@ def _style(f: dict[str, Any] | None) -> str | None:
     return "green" if f.get("low") is not None and f["low"] >= 1 else None
 
 
+def _acc(c: dict[str, Any]) -> str:
+    a, v = c.get("acceptance_rate"), c.get("vllm_acceptance_rate")
+    return f"{'—' if a is None else format(a, '.2f')}/{'—' if v is None else format(v, '.2f')}"
+
+
 def render_sweep(summary: dict[str, Any]) -> RenderableType:
-    """Every cell's speedups with their intervals (red: a net loss with confidence; green: a
-    gain with confidence), then the policy's lines and the sweep's counts."""
+    """Every cell's acceptance (client/vLLM), draft cost c, bound, blocks and speedups with
+    their intervals (red: a net loss with confidence; green: a gain with confidence) and
+    its verdict, then the policy's lines and the sweep's counts."""
     kind = summary["level_kind"]
     conf = summary.get("confidence", 0.95)
     tab = Table(title=f"speculative vs plain, speedup (> 1: speculation helps) with {conf * 100:g}% bootstrap "
-                      f"interval; {summary['figure']} decides", title_justify="left")
-    for col in ("speculator", "k", kind, "bucket", "sampling", "accept", *(n for _, n in _FIGS), "n"):
-        tab.add_column(col, justify="left" if col in ("speculator", "bucket", "sampling") else "right")
+                      f"interval over blocks; {summary['figure']} decides", title_justify="left")
+    for col in ("speculator", "k", kind, "bucket", "sampling", "α cl/vLLM", "c", "bound", "blocks",
+                *(n for _, n in _FIGS), "verdict", "n"):
+        tab.add_column(col, justify="left" if col in ("speculator", "bucket", "sampling", "verdict") else "right")
     for c in sorted(summary["cells"], key=lambda c: (c["speculator"], c["k"], c["bucket"], c["sampling"], c["level"])):
-        acc = c.get("acceptance_rate")
-        tab.add_row(c["speculator"], str(c["k"]), f"{c['level']:g}", c["bucket"], c["sampling"],
-                    "—" if acc is None else f"{acc:.2f}",
+        dc = c.get("draft_cost") or {}
+        b = (c.get("bound") or {}).get("speedup_bound")
+        verdict = c.get("verdict") or ""
+        tab.add_row(c["speculator"], str(c["k"]), f"{c['level']:g}", c["bucket"], c["sampling"], _acc(c),
+                    f"{dc.get('c', 0):.2f}" + ("" if dc.get("measured") else "*"),
+                    "—" if b is None else f"{b:.2f}", str(c.get("blocks", 1)),
                     *(Text(_speed(c["speedup"].get(f)), style=_style(c["speedup"].get(f)) or "") for f, _ in _FIGS),
+                    Text(verdict, style=_VERDICT_STYLE.get(verdict, "")),
                     f"{c['complete']['spec']}/{c['complete']['plain']}")
-    parts: list[RenderableType] = [tab]
+    parts: list[RenderableType] = [tab, Text("  c*: draft cost not measured, the bound uses c = 0 (the most generous)",
+                                             style="dim")]
     pol = summary.get("policy")
     if pol:
         parts.append(Text(_policy_line(pol), style="bold" if pol["enabled"] else "bold yellow"))
         for r in pol["k_by_bucket"]:
-            be = r["break_even"]
-            where = (f"break-even at {kind} {be['break_even']:.3g} (last paying {be['last_win']:g}, first loss "
-                     f"{be['first_loss']:g})" if be["state"] == "crosses" else
-                     {"wins": f"pays off at every measured {kind}", "loses": "a net loss already at the lowest level",
-                      "unmeasured": "not measured"}[be["state"]])
+            steps = ", ".join(f"{d['level']:g}: {d['verdict']}" for d in r.get("decisions", []))
             parts.append(Text(f"  {r['bucket']} ({r['min_prompt_tokens']}-{r['max_prompt_tokens']} tokens): "
-                              f"k={r['k']}, speedup {r['speedup']:.2f}, {'on' if r['enabled'] else 'off'}; {where}"))
+                              f"k={r['k']}, {_speed(r)}, {'on' if r['enabled'] else 'off'}; by {kind}: {steps}"))
+        for spec, rows in sorted((pol.get("others") or {}).items()):
+            parts.append(Text(f"  {spec}: " + "; ".join(
+                f"{r['bucket']} k={r['k']} " + ", ".join(f"{d['level']:g}: {d['verdict']}" for d in r["decisions"])
+                for r in rows)))
         br = pol.get("breaker")
         if br:
             soft = "" if br["soft_rejection"] is None else \
                 f", soft trip at {br['soft_rejection']:.2f} to k={br['soft_num_speculative_tokens']}"
-            parts.append(Text(f"  breaker: hard trip at rejection {br['hard_rejection']:.2f} (acceptance below "
-                              f"{br['acceptance_threshold']:.2f} did not pay off){soft}"))
+            parts.append(Text(f"  breaker: hard trip at rejection {br['hard_rejection']:.2f} (the bound crosses 1 at "
+                              f"acceptance {br['acceptance_threshold']:.2f} for k={br['k']}, measured c={br['c']:.2f})"
+                              f"{soft}"))
         for n in pol["notes"]:
             parts.append(Text(f"  note: {n}", style="dim"))
     sw = summary.get("sweep")
     if sw:
         parts.append(Text(f"runs: {sw['runs']} ({sw['ran']} run now, {sw['kept']} kept, {len(sw['failed'])} failed)"
                           f"; stacks started {sw['stack_starts']}, reused {sw['stack_reuses']}; "
-                          f"{len(summary['missing'])} cell(s) missing" +
+                          f"{len(summary['missing'])} cell(s) missing; {sw['wall_s']:.0f} s" +
                           ("; INTERRUPTED: rerun with the same --out to resume" if sw["interrupted"] else "")))
     return Group(*parts)
 
 
 def _policy_line(pol: dict[str, Any]) -> str:
     if not pol["enabled"]:
-        return f"policy: keep speculation off ({pol['figure']} never paid off at the lowest load level)"
+        return (f"policy: keep speculation off (no bucket shows a {pol['figure']} gain whose interval lies above 1 "
+                f"at the lowest load level: no evidence to enable)")
     lim = pol["enable"].get(f"max_{pol['level_kind']}")
     what = f"{pol['speculator']} ({pol['method']}{', ' + pol['draft'] if pol['draft'] else ''})"
     return (f"policy: {what}; enable above {pol['enable']['min_prompt_tokens']} prompt tokens"
