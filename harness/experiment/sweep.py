@@ -47,6 +47,8 @@ run again.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import hashlib
 import json
 import logging
@@ -216,6 +218,9 @@ def plan_sweep(path: str | Path) -> SweepPlan:
     base_exp = load_experiment(base, overrides=set_ovs)
     bcfg = base_exp.cfg
     specs = {s[0]: (s[3], s[4], s[5]) for s in bcfg.load.bucket_specs()}   # name: (min, max tokens, count)
+    if base_exp.requests is not None:   # a traffic source: a bucket's prompts are the source's requests in it
+        held = Counter(r.prompt_class for r in base_exp.requests)
+        specs = {name: (lo, hi, held.get(name, 0)) for name, (lo, hi, _n) in specs.items()}
     buckets = cfg.matrix.buckets or [b for b, spec in specs.items() if spec[2]]
     for b in buckets:
         if b not in specs:
