@@ -70,8 +70,7 @@ from pydantic import Field, model_validator
 from faults import mechanisms
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.engine_metrics import TOKENS_METRIC, read_metrics
-from faults.mechanisms import MIN_SLICE_S, Target
-from faults.mechanisms.base import CpuCap
+from faults.mechanisms import MIN_SLICE_S, CpuCap, Target
 from faults.targets import record_tree, server_of
 from harness import gpu
 from harness.clock import now
@@ -187,7 +186,7 @@ class TokenRate:
 
 
 class CpuThrottle(Fault):
-    """Cap the CPU of a server's process tree (cgroup CFS quota, container quota, or a SIGSTOP/SIGCONT duty cycle)."""
+    """Cap the CPU of a server's process tree (cgroup CFS quota, or a SIGSTOP/SIGCONT duty cycle)."""
 
     kind: ClassVar[str] = "cpu-throttle"
     activity: ClassVar[str] = "throttle_cpu"

@@ -56,8 +56,7 @@ from pydantic import Field, field_validator, model_validator
 from faults import mechanisms
 from faults.base import Evidence, Fault, FaultContext, FaultParams
 from faults.engine_metrics import TOKENS_METRIC, read_metrics
-from faults.mechanisms import Target
-from faults.mechanisms.base import MemoryCap
+from faults.mechanisms import MemoryCap, Target
 from faults.targets import server_of
 from harness.clock import now
 from harness.errors import FaultError
@@ -125,7 +124,7 @@ class MemoryLimitParams(FaultParams):
 
 
 class MemoryLimit(Fault):
-    """Limit the memory a server's process tree may charge (a cgroup, or a container's limit)."""
+    """Limit the memory a server's process tree may charge (cgroup memory controller)."""
 
     kind: ClassVar[str] = "memory-limit"
     activity: ClassVar[str] = "limit_memory"

@@ -54,8 +54,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from faults import mechanisms
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.mechanisms import Target, slice_error
-from faults.mechanisms.base import Freezer
+from faults.mechanisms import Freezer, Target, slice_error
 from faults.targets import server_of
 from harness.clock import now
 from harness.errors import FaultError

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from faults.mechanisms.base import Mechanism, Target
+from faults.mechanisms.base import CpuCap, Freezer, Killer, Mechanism, MemoryCap, Target
 from faults.mechanisms.cgroup_cpu import IN_CONTAINER as CPU_ROLES_IN_CONTAINER
 from faults.mechanisms.cgroup_cpu import CgroupCpu
 from faults.mechanisms.cgroup_memory import IN_CONTAINER as MEMORY_ROLES_IN_CONTAINER
@@ -36,9 +36,8 @@ from faults.mechanisms.container import ContainerCpu, ContainerKill, ContainerMe
 from faults.mechanisms.duty_cycle import MIN_SLICE_S, DutyCycleCpu, slice_error
 from faults.mechanisms.signal import SignalKill, SignalStop
 from harness.errors import FaultError
-from harness.stack.capabilities import provides
 
-__all__ = ["MECHANISMS", "Mechanism", "Target", "select", "check_host", "recover", "register", "MIN_SLICE_S",
+__all__ = ["MECHANISMS", "Mechanism", "Target", "CpuCap", "MemoryCap", "Freezer", "Killer", "select", "check_host", "recover", "register", "MIN_SLICE_S",
            "slice_error", "CPU_ROLES_IN_CONTAINER", "MEMORY_ROLES_IN_CONTAINER"]
 
 #: Every mechanism, in order of preference within an action.
@@ -65,7 +64,7 @@ def select(action: str, t: Target, asked: str = "auto") -> tuple[Any, str | None
     for ``t``, and why it was chosen over what was asked (None: it is what was asked, or the
     first choice of ``"auto"``).
 
-    ``"auto"`` passes by a mechanism whose :attr:`~Mechanism.needs` the server lacks;
+    ``"auto"`` passes by a mechanism that does not :meth:`~Mechanism.serves` the server;
     any other that is :meth:`~Mechanism.unfit` gives its reason to the next.
 
     Raises:
@@ -73,7 +72,7 @@ def select(action: str, t: Target, asked: str = "auto") -> tuple[Any, str | None
     """
     reasons: dict[str, FaultError] = {}
     for m in _of(action, asked):
-        if asked == "auto" and not all(provides(t.srv, c) for c in m.needs):
+        if asked == "auto" and not m.serves(t.srv):
             continue
         if (why := m.unfit(t)) is not None:
             reasons.setdefault(m.name, why)

@@ -18,6 +18,7 @@ import psutil
 
 from faults.base import Evidence
 from harness.errors import FaultError
+from harness.stack.capabilities import provides
 from harness.stack.procs import Recorded, same_process
 
 
@@ -44,7 +45,7 @@ class Mechanism:
     ``"freeze"`` or ``"kill"``; ``answers``: the family argument values it serves (a
     ``mechanism``, or a ``role``; ``"auto"`` when it may be chosen unasked); ``needs``: the
     server capabilities (:mod:`harness.stack.capabilities`) without which ``"auto"`` passes
-    it by; ``stands_in``: why it serves an asked value other than its name."""
+    it by (:meth:`serves`; a launcher's own mechanism may test its server class instead); ``stands_in``: why it serves an asked value other than its name."""
 
     name: ClassVar[str]
     action: ClassVar[str]
@@ -55,6 +56,11 @@ class Mechanism:
     def __init__(self, t: Target):
         self.t = t
         self.targets: list[Recorded] = []   # the processes it acts on (for the family's log and evidence)
+
+    @classmethod
+    def serves(cls, srv: Any) -> bool:
+        """Whether ``"auto"`` may choose it for ``srv``: the server offers every one of :attr:`needs`."""
+        return all(provides(srv, c) for c in cls.needs)
 
     @classmethod
     def unfit(cls, t: Target) -> FaultError | None:
