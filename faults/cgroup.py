@@ -45,7 +45,7 @@ import select
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from harness.stack.procs import Recorded, same_process
@@ -62,7 +62,7 @@ DEFAULT_ROOT = "/sys/fs/cgroup"
 RMDIR_TIMEOUT_S = 3.0
 
 __all__ = ["PREFIX", "Hierarchy", "TreeCgroup", "hierarchy", "cgroup_of", "check_writable",
-           "revert", "find_cgroups", "read_values"]
+           "revert", "find_cgroups", "read_values", "recover", "counters"]
 
 
 @dataclass(frozen=True)
@@ -315,6 +315,37 @@ def revert(facts: dict[str, Any]) -> dict[str, Any]:
                                  f"{_procs(path)}", where=str(path),
                                  hint="run `specchaos cleanup`, or move them out and rmdir it by hand") from None
         time.sleep(0.05)
+
+
+def recover(facts: dict[str, Any] | None, fault_id: str, controller: str,
+            lift: Callable[[Path], dict[str, str]]) -> None:
+    """After a crash: :func:`revert` the cgroup of ``facts`` (:meth:`TreeCgroup.facts`), or
+    with none, every one :func:`find_cgroups` finds for ``fault_id`` (its limits lifted by
+    ``lift(path)``).
+
+    Raises:
+        FaultError: one or more could not be reverted (each in the message).
+    """
+    found = [facts] if facts else [{"path": str(p), "parent": str(p.parent), "lift": lift(p)}
+                                   for p in find_cgroups(fault_id, controller)]
+    errors = []
+    for cg_facts in found:
+        try:
+            revert(cg_facts)
+        except FaultError as exc:
+            errors.append(exc.one_line())
+    if errors:
+        raise FaultError("; ".join(errors))
+
+
+def counters(text: str | None) -> dict[str, int]:
+    """``name value`` lines (``cpu.stat``, ``memory.events``, ``memory.oom_control``) as numbers."""
+    out = {}
+    for line in (text or "").splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
 
 
 def find_cgroups(fault_id: str, controller: str, max_depth: int = 8) -> list[Path]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from faults.mechanisms.base import CpuCap, Freezer, Killer, Mechanism, MemoryCap, Target
+from faults.mechanisms.base import CpuCap, Freezer, Mechanism, MemoryCap, Target
 from faults.mechanisms.cgroup_cpu import IN_CONTAINER as CPU_ROLES_IN_CONTAINER
 from faults.mechanisms.cgroup_cpu import CgroupCpu
 from faults.mechanisms.cgroup_memory import IN_CONTAINER as MEMORY_ROLES_IN_CONTAINER
@@ -37,7 +37,7 @@ from faults.mechanisms.duty_cycle import MIN_SLICE_S, DutyCycleCpu, slice_error
 from faults.mechanisms.signal import SignalKill, SignalStop
 from harness.errors import FaultError
 
-__all__ = ["MECHANISMS", "Mechanism", "Target", "CpuCap", "MemoryCap", "Freezer", "Killer", "select", "check_host", "recover", "register", "MIN_SLICE_S",
+__all__ = ["MECHANISMS", "Mechanism", "Target", "CpuCap", "MemoryCap", "Freezer", "select", "check_host", "recover", "register", "MIN_SLICE_S",
            "slice_error", "CPU_ROLES_IN_CONTAINER", "MEMORY_ROLES_IN_CONTAINER"]
 
 #: Every mechanism, in order of preference within an action.

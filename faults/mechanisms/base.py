@@ -123,14 +123,6 @@ class Freezer(Protocol):
     def restore(self) -> None: ...
 
 
-class Killer(Protocol):
-    """``process-kill``: send ``signal`` (a name) to ``t``; the processes whose end is the kill's."""
-
-    name: str
-
-    def apply(self, signal: str) -> tuple[int, list[Recorded], dict[str, Any]]: ...
-
-
 def cpu_seconds(pids: Sequence[tuple[int, float | None]]) -> float:
     """User+system CPU seconds of the processes that still are themselves (psutil)."""
     total = 0.0

@@ -1,12 +1,5 @@
-"""``cpu-throttle`` by a CFS quota on a cgroup of the harness's own (:mod:`faults.cgroup`):
-quota = ``cpu_fraction`` × period (v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, v2
-``cpu.max``), the recorded processes moved in.
-
-Evidence: the quota read back, every live targeted pid in ``cgroup.procs``, the kernel
-throttling the cgroup in the window (``cpu.stat`` ``nr_throttled`` grew) and the tree's CPU
-use (psutil) within the limit. Recover: the cgroup from the facts, or found by its name
-``specchaos-<fault id>``.
-"""
+"""``cpu-throttle`` by a CFS quota on a cgroup of the harness's own (:mod:`faults.cgroup`);
+evidence and revert as :mod:`faults.cpu_throttle` describes."""
 
 from __future__ import annotations
 
@@ -35,16 +28,6 @@ def quota(version: int, cpu_fraction: float, period_s: float) -> tuple[dict[str,
     if version == 1:
         return ({"cpu.cfs_period_us": str(period_us), "cpu.cfs_quota_us": str(quota_us)}, {"cpu.cfs_quota_us": "-1"})
     return {"cpu.max": f"{quota_us} {period_us}"}, {"cpu.max": f"max {period_us}"}
-
-
-def stat(text: str | None) -> dict[str, int]:
-    """``cpu.stat``'s counters."""
-    out = {}
-    for line in (text or "").splitlines():
-        k, _, v = line.partition(" ")
-        if v.strip().lstrip("-").isdigit():
-            out[k] = int(v)
-    return out
 
 
 class CgroupCpu(Mechanism):
@@ -90,14 +73,14 @@ class CgroupCpu(Mechanism):
     def observe(self, window_s: float, limit_cpus: float, obs: dict[str, Any]) -> tuple[bool, str]:
         cg, where = self.cg, self.t.where
         assert cg is not None
-        s0 = stat(cg.read(["cpu.stat"])["cpu.stat"])
+        s0 = cgroup.counters(cg.read(["cpu.stat"])["cpu.stat"])
         procs: list[tuple[int, float | None]] = [(pid, None) for pid in cg.procs()]
         c0, w0 = cpu_seconds(procs), time.monotonic()
         time.sleep(window_s)
         w1 = time.monotonic()
         c1 = cpu_seconds(procs)
         obs.update(window_s=round(w1 - w0, 3), cpu_seconds=round(c1 - c0, 4), cpu_used_cpus=round((c1 - c0) / (w1 - w0), 4))
-        s1 = stat(cg.read(["cpu.stat"])["cpu.stat"])
+        s1 = cgroup.counters(cg.read(["cpu.stat"])["cpu.stat"])
         back = obs["read_back"] = cg.read(list(self.values))
         values = self.values
         if cg.h.version == 1:
@@ -140,16 +123,7 @@ class CgroupCpu(Mechanism):
     @classmethod
     def recover(cls, facts: dict[str, Any], fault_id: str) -> None:
         """Revert the cgroup of the facts, or every one named ``specchaos-<fault id>``."""
-        found = [facts["cgroup"]] if facts.get("cgroup") else [
-            {"path": str(p), "parent": str(p.parent), "lift": _lift_for(p)} for p in cgroup.find_cgroups(fault_id, "cpu")]
-        errors = []
-        for cg_facts in found:
-            try:
-                cgroup.revert(cg_facts)
-            except FaultError as exc:
-                errors.append(exc.one_line())
-        if errors:
-            raise FaultError("; ".join(errors))
+        cgroup.recover(facts.get("cgroup"), fault_id, "cpu", _lift_for)
 
 
 def _lift_for(path: Path) -> dict[str, str]:

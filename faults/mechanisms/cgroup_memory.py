@@ -1,18 +1,12 @@
-"""``memory-limit`` by a cgroup of the harness's own (:mod:`faults.cgroup`; v1
-``memory.limit_in_bytes``, v2 ``memory.max``), the server's tree (or roles) moved in.
-
-Evidence: the limit read back (page-aligned), every live targeted pid in ``cgroup.procs``,
-usage, peak, ``failcnt`` (v1), OOM kills (``memory.oom_control`` / ``memory.events``), the
-tree's RSS; ``acted`` needs the kernel accounting the tree's memory there (usage or peak
-above zero, or an OOM kill) with the peak within the limit. Recover: the cgroup from the
-facts, or found by its name ``specchaos-<fault id>``.
-"""
+"""``memory-limit`` by a cgroup of the harness's own (:mod:`faults.cgroup`); evidence and
+revert as :mod:`faults.memory_limit` describes."""
 
 from __future__ import annotations
 
 import logging
 import mmap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
@@ -75,7 +69,7 @@ class CgroupMemory(Mechanism):
     def _oom_kills(self) -> int:
         assert self.cg is not None
         name = "memory.oom_control" if self.cg.h.version == 1 else "memory.events"
-        return cgroup_events(self.cg.read([name])[name]).get("oom_kill", 0)
+        return cgroup.counters(self.cg.read([name])[name]).get("oom_kill", 0)
 
     def apply(self, size: Callable[[int], int]) -> dict[str, Any]:
         t = self.t
@@ -145,25 +139,10 @@ class CgroupMemory(Mechanism):
     @classmethod
     def recover(cls, facts: dict[str, Any], fault_id: str) -> None:
         """Revert the cgroup of the facts, or every one named ``specchaos-<fault id>``."""
-        found = [facts["cgroup"]] if facts.get("cgroup") else []
-        for pth in [] if found else cgroup.find_cgroups(fault_id, "memory"):
-            v = 1 if (pth / FILES[1][0]).exists() else 2
-            found.append({"path": str(pth), "parent": str(pth.parent), "lift": {FILES[v][0]: FILES[v][3]}})
-        errors = []
-        for cg_facts in found:
-            try:
-                cgroup.revert(cg_facts)
-            except FaultError as exc:
-                errors.append(exc.one_line())
-        if errors:
-            raise FaultError("; ".join(errors))
+        cgroup.recover(facts.get("cgroup"), fault_id, "memory", _lift_for)
 
 
-def cgroup_events(text: str | None) -> dict[str, int]:
-    """``memory.oom_control`` / ``memory.events`` counters."""
-    out = {}
-    for line in (text or "").splitlines():
-        k, _, v = line.partition(" ")
-        if v.strip().isdigit():
-            out[k] = int(v)
-    return out
+def _lift_for(path: Path) -> dict[str, str]:
+    """The value that lifts a limit on a cgroup found by name (no facts)."""
+    v = 1 if (path / FILES[1][0]).exists() else 2
+    return {FILES[v][0]: FILES[v][3]}

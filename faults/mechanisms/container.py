@@ -99,15 +99,6 @@ def _call(what: str, c: Any, fn: Any, *args: Any, **kw: Any) -> Any:
         raise FaultError(f"the Docker engine refused to {what} container {c.name}: {exc}", where=c.name) from None
 
 
-def kill(c: Any, signal: str = "SIGKILL") -> None:
-    """``docker kill --signal`` (the init forwards it; SIGKILL ends every process at once).
-
-    Raises:
-        FaultError: the container is gone or the engine refused.
-    """
-    _call("kill", c, c.kill, signal=signal)
-
-
 def pause(c: Any) -> None:
     """``docker pause`` (cgroup freezer: every process of the container stops).
 
@@ -143,34 +134,10 @@ def host_config(c: Any) -> dict[str, Any]:
         return {}
 
 
-def limit_cpu(c: Any, cpu_fraction: float) -> dict[str, int]:
-    """Cap the container at ``cpu_fraction`` of one CPU: CFS quota = fraction × :data:`CPU_PERIOD_US`.
-
-    Returns:
-        ``{"cpu_quota_us", "cpu_period_us"}`` as asked.
-
-    Raises:
-        FaultError: the container is gone or the engine refused.
-    """
-    quota = max(1000, int(round(cpu_fraction * CPU_PERIOD_US)))
-    _call("limit the CPU of", c, c.update, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
-    return {"cpu_quota_us": quota, "cpu_period_us": CPU_PERIOD_US}
-
-
 def lift_cpu(c: Any) -> None:
     """Lift a CPU limit (quota -1: ``--cpus 0`` does not lift one). Nothing when gone."""
     with contextlib.suppress(*_ERRORS):
         c.update(cpu_quota=-1)
-
-
-def limit_memory(c: Any, limit_bytes: int) -> None:
-    """Limit the container's memory (and memory + swap) to ``limit_bytes``.
-
-    Raises:
-        FaultError: the container is gone or the engine refused (cgroup v1 refuses a limit
-            below current use: set it above, growth then meets the OOM killer).
-    """
-    _call("limit the memory of", c, c.update, mem_limit=int(limit_bytes), memswap_limit=int(limit_bytes))
 
 
 def lift_memory(c: Any) -> None:
@@ -254,7 +221,9 @@ class ContainerCpu(_Container):
         facts = self._find()
         self.measured_by = f"the engine's HostConfig and CPU stats of container {self.c.name}; "
         self.targets = list(self.t.recorded)
-        self.asked = limit_cpu(self.c, cpu_fraction)
+        quota = max(1000, int(round(cpu_fraction * CPU_PERIOD_US)))
+        _call("limit the CPU of", self.c, self.c.update, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+        self.asked = {"cpu_quota_us": quota, "cpu_period_us": CPU_PERIOD_US}
         return {**facts, "read_back": self.asked}
 
     def observe(self, window_s: float, limit_cpus: float, obs: dict[str, Any]) -> tuple[bool, str]:
@@ -321,7 +290,8 @@ class ContainerMemory(_Container):
         facts = {"mechanism": self.name, "limit_bytes": self.limit, "read_back": None, "container_usage_bytes": used,
                  "tree_rss_bytes": None, "pids": [], "create_times": [], "incarnation": self.incarnation,
                  "limited_at": None, "cgroup": None, **facts}
-        limit_memory(self.c, self.limit)
+        # cgroup v1 refuses a limit below current use: set it above, growth then meets the OOM killer
+        _call("limit the memory of", self.c, self.c.update, mem_limit=self.limit, memswap_limit=self.limit)
         facts["read_back"] = {"memory_bytes": host_config(self.c).get("Memory")}
         log.info("limited %s (container %s) to %d bytes (using %d)", self.t.where, self.c.name, self.limit, used)
         return facts
@@ -429,5 +399,5 @@ class ContainerKill(_Container):
         except psutil.Error as exc:
             raise FaultError(f"the init of container {self.c.name} (pid {pid}) is gone", where=self.t.where,
                              hint="the server may be restarting; inject once it is ready") from exc
-        kill(self.c, signal)
+        _call("kill", self.c, self.c.kill, signal=signal)   # the init forwards it; SIGKILL ends every process
         return incarnation, recorded, {"mechanism": self.name, **facts}
