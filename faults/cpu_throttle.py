@@ -277,8 +277,8 @@ class CpuThrottle(Fault):
         t = Target(srv, p.server, target, self.fault_id or f"{self.kind}-{uuid.uuid4().hex[:8]}", p.roles, recorded,
                    incarnation)
         mech, why = mechanisms.select("cpu", t, p.mechanism)
-        if why and mech.name == "duty_cycle":
-            log.warning("%s: %s; falling back to a SIGSTOP/SIGCONT duty cycle", target, why)
+        if why:
+            log.warning("%s: %s; throttling by %s instead", target, why, mech.name)
         self.facts = {"mechanism": mech.name, "fallback_reason": why, "cpu_fraction": p.cpu_fraction,
                       "period_s": p.period_s, "pids": [r[0] for r in recorded],
                       "create_times": [r[1] for r in recorded], "incarnation": incarnation, "throttled_at": None,
