@@ -19,6 +19,7 @@ from faults.ledger import Ledger
 from faults.mechanisms import Mechanism, Target
 from faults.memory_limit import MemoryLimit
 from faults.process_freeze import ProcessFreeze
+from faults.registry import make_fault
 from harness.errors import FaultError
 
 from .cgroups import PlainServer, python
@@ -117,6 +118,18 @@ def test_per_role_cgroups_on_a_container_are_refused_in_their_words(boxed, actio
     with pytest.raises(FaultError, match=re.escape(words)) as ei:
         mechanisms.select(action, target(boxed, roles), asked)
     assert ei.value.where == "spec/tree"
+
+
+def test_validation_refuses_per_role_cgroups_on_containers_in_the_same_words():
+    cpu = make_fault("cpu-throttle", {"mechanism": "cgroup", "roles": ["worker"]})
+    assert cpu.excluded() == {"containers": "mechanism cgroup for single roles would move the container's processes "
+                                            "out of Docker's cgroups: limit the whole container (no roles), or use "
+                                            "mechanism duty_cycle"}
+    assert make_fault("memory-limit", {"roles": ["worker"], "usage_factor": 2}).excluded() == {
+        "containers": "a memory limit on single roles needs a cgroup of the harness's own, which would move the "
+                      "container's processes out of Docker's cgroups: limit the whole container (no roles)"}
+    assert make_fault("cpu-throttle", {"mechanism": "container"}).required() == ("containers",)
+    assert make_fault("cpu-throttle", {}).excluded() == {} and make_fault("memory-limit", {"limit_gib": 0.1}).excluded() == {}
 
 
 @pytest.mark.parametrize("action, asked", [("cpu", "container"), ("memory", "container"), ("freeze", "container"),
