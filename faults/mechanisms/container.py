@@ -46,28 +46,6 @@ MEMORY_LIFTED_BYTES = 1 << 40
 _ERRORS = (docker.errors.DockerException, OSError)
 
 
-def container_of(srv: Any, server: str, target: str) -> Any:
-    """The running container of server ``srv`` (named ``server``).
-
-    Raises:
-        FaultError: the server is not in a container (another launcher: use a process
-            role or mechanism), or it is down (no running container).
-    """
-    if not isinstance(srv, Containerised):
-        raise not_in_container(server, target)
-    c = srv.container()
-    if c is None:
-        raise FaultError(f"server {server} has no running container (is it up?)", where=target,
-                         hint="inject once the server is ready")
-    return c
-
-
-def not_in_container(server: str, target: str) -> FaultError:
-    """The error for a container mechanism asked of a server that runs in none."""
-    return FaultError(f"server {server} does not run in a container", where=target,
-                      hint="the container mechanisms need launcher docker; use a process role or mechanism")
-
-
 def identity(c: Any) -> dict[str, Any]:
     """``{"container": id, "container_name": str, "engine": URL}`` of container ``c`` (ledger facts)."""
     return {"container": c.id, "container_name": c.name, "engine": engine_address()}
@@ -176,7 +154,7 @@ def memory_usage(c: Any) -> dict[str, int | None]:
 
 
 class _Container(Mechanism):
-    """The container of the target's server, found at :meth:`apply` (:func:`container_of`)."""
+    """The container of the target's server, found at :meth:`apply`."""
 
     needs: ClassVar[tuple[str, ...]] = ("containers",)
 
@@ -186,10 +164,16 @@ class _Container(Mechanism):
 
     @classmethod
     def unfit(cls, t: Target) -> FaultError | None:
-        return None if isinstance(t.srv, Containerised) else not_in_container(t.server, t.where)
+        return None if isinstance(t.srv, Containerised) else FaultError(
+            f"server {t.server} does not run in a container", where=t.where,
+            hint="the container mechanisms need launcher docker; use a process role or mechanism")
 
     def _find(self) -> dict[str, Any]:
-        self.c = container_of(self.t.srv, self.t.server, self.t.where)
+        """The server's running container (FaultError: it is down); its ledger identity."""
+        self.c = self.t.srv.container()
+        if self.c is None:
+            raise FaultError(f"server {self.t.server} has no running container (is it up?)", where=self.t.where,
+                             hint="inject once the server is ready")
         return identity(self.c)
 
     @classmethod
