@@ -37,8 +37,8 @@ from faults.mechanisms.duty_cycle import MIN_SLICE_S, DutyCycleCpu, slice_error
 from faults.mechanisms.signal import SignalKill, SignalStop
 from harness.errors import FaultError
 
-__all__ = ["MECHANISMS", "Mechanism", "Target", "CpuCap", "MemoryCap", "Freezer", "select", "check_host", "recover", "register", "MIN_SLICE_S",
-           "slice_error", "CPU_ROLES_IN_CONTAINER", "MEMORY_ROLES_IN_CONTAINER"]
+__all__ = ["MECHANISMS", "Mechanism", "Target", "CpuCap", "MemoryCap", "Freezer", "select", "check_host", "recover",
+           "register", "MIN_SLICE_S", "slice_error", "CPU_ROLES_IN_CONTAINER", "MEMORY_ROLES_IN_CONTAINER"]
 
 #: Every mechanism, in order of preference within an action.
 MECHANISMS: list[type[Mechanism]] = [
