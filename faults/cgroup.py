@@ -1,7 +1,7 @@
-"""Put a server's process tree into a cgroup of its own and set limits there — the one
-shared mechanism of the cgroup-based fault families (``cpu-throttle``, ``memory-limit``).
+"""Put a server's process tree into a cgroup of its own and set limits there — what the
+cgroup mechanisms (:mod:`faults.mechanisms.cgroup_cpu`, :mod:`faults.mechanisms.cgroup_memory`) share.
 
-Generic over the controller: a family names the controller (``"cpu"``, ``"memory"``) and
+Generic over the controller: a mechanism names the controller (``"cpu"``, ``"memory"``) and
 the files it writes (``{"cpu.cfs_quota_us": "30000"}``); this module knows cgroups, not
 faults.
 
@@ -45,15 +45,11 @@ import select
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any
 
-import psutil
-
-from faults.targets import record_role
-from harness.stack.procs import Recorded, cmdline_of, same_process
+from harness.stack.procs import Recorded, same_process
 from harness.errors import FaultError
-from harness.stack.base import Server
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +61,8 @@ DEFAULT_ROOT = "/sys/fs/cgroup"
 #: still accounted in the cgroup.
 RMDIR_TIMEOUT_S = 3.0
 
-__all__ = ["PREFIX", "Hierarchy", "TreeCgroup", "hierarchy", "cgroup_of", "check_writable", "record_tree",
-           "revert", "find_cgroups", "read_values"]
+__all__ = ["PREFIX", "Hierarchy", "TreeCgroup", "hierarchy", "cgroup_of", "check_writable",
+           "revert", "find_cgroups", "read_values", "recover", "counters"]
 
 
 @dataclass(frozen=True)
@@ -187,46 +183,6 @@ def check_writable(controller: str) -> Path:
         raise FaultError(f"cgroup {parent} not writable (could not remove the probe {probe}: {exc.strerror or exc})",
                          hint=hint) from None
     return parent
-
-
-def record_tree(srv: Server, server: str, roles: Sequence[str] | None, target: str) -> tuple[int, list[Recorded]]:
-    """The processes to put in the cgroup, recorded (pid, create_time, cmdline): with
-    ``roles`` None the whole tree (the API process and every descendant, the resource
-    tracker included), else every process of each named role.
-
-    Returns:
-        ``(incarnation, recorded)``.
-
-    Raises:
-        FaultError: the server is down or restarted meanwhile, or a process vanished.
-    """
-    if roles:
-        incarnation, out = -1, cast("list[Recorded]", [])
-        for role in dict.fromkeys(roles):
-            inc, rec = record_role(srv, server, role, target, verb="moved")
-            if incarnation not in (-1, inc):
-                raise FaultError(f"server {server} restarted while its processes were being found", where=target,
-                                 hint="inject once the server is ready")
-            incarnation = inc
-            out += [r for r in rec if r[0] not in {o[0] for o in out}]
-        return incarnation, out
-    incarnation, api = record_role(srv, server, "api", target, verb="moved")
-    out = list(api)
-    for pid, _, _ in api:
-        try:
-            children = psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            continue
-        for child in children:
-            try:
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    out.append((child.pid, child.create_time(), cmdline_of(child)))
-            except psutil.Error:
-                continue   # exited meanwhile: nothing to move
-    if int(getattr(srv, "incarnation", 0)) != incarnation:
-        raise FaultError(f"server {server} restarted while its process tree was being found", where=target,
-                         hint="inject once the server is ready")
-    return incarnation, out
 
 
 def read_values(path: str | os.PathLike, names: list[str]) -> dict[str, str | None]:
@@ -359,6 +315,37 @@ def revert(facts: dict[str, Any]) -> dict[str, Any]:
                                  f"{_procs(path)}", where=str(path),
                                  hint="run `specchaos cleanup`, or move them out and rmdir it by hand") from None
         time.sleep(0.05)
+
+
+def recover(facts: dict[str, Any] | None, fault_id: str, controller: str,
+            lift: Callable[[Path], dict[str, str]]) -> None:
+    """After a crash: :func:`revert` the cgroup of ``facts`` (:meth:`TreeCgroup.facts`), or
+    with none, every one :func:`find_cgroups` finds for ``fault_id`` (its limits lifted by
+    ``lift(path)``).
+
+    Raises:
+        FaultError: one or more could not be reverted (each in the message).
+    """
+    found = [facts] if facts else [{"path": str(p), "parent": str(p.parent), "lift": lift(p)}
+                                   for p in find_cgroups(fault_id, controller)]
+    errors = []
+    for cg_facts in found:
+        try:
+            revert(cg_facts)
+        except FaultError as exc:
+            errors.append(exc.one_line())
+    if errors:
+        raise FaultError("; ".join(errors))
+
+
+def counters(text: str | None) -> dict[str, int]:
+    """``name value`` lines (``cpu.stat``, ``memory.events``, ``memory.oom_control``) as numbers."""
+    out = {}
+    for line in (text or "").splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
 
 
 def find_cgroups(fault_id: str, controller: str, max_depth: int = 8) -> list[Path]:

@@ -5,7 +5,8 @@ For every run state file (format in :mod:`harness.state`) whose owner process is
 every file with ``force``:
 
 1. open faults in the run's ledger are reverted with ``REGISTRY[kind].recover(entry)``
-   and marked cleared there (first, because e.g. a frozen cgroup must be thawed before
+   (a family's recover undoes through the mechanism its facts name,
+   :func:`faults.mechanisms.recover`) and marked cleared there (first, because e.g. a frozen cgroup must be thawed before
    its processes can die);
 2. every registered process tree is ended: the registered pid only if its create_time
    still matches (pid-reuse safe), with its descendants as found by psutil; SIGTERM,

@@ -32,21 +32,20 @@ the draft model; killing it fails every in-flight request and the API exits 0).
 from __future__ import annotations
 
 import logging
-import signal as signal_mod
 import time
 from typing import Any, ClassVar, Literal
 
-import psutil
 from pydantic import Field, field_validator
 
-from faults import container_ops
+from faults import mechanisms
 from faults.base import Evidence, Fault, FaultContext, FaultParams
-from faults.targets import record_role, server_of, signal_recorded
+from faults.mechanisms import Target
+from faults.targets import server_of
 from harness.clock import now
 from harness.errors import FaultError
 from harness.stack.base import Server
 from harness.stack.capabilities import Supervised
-from harness.stack.procs import Recorded, cmdline_of, same_process
+from harness.stack.procs import same_process
 
 log = logging.getLogger(__name__)
 
@@ -130,24 +129,9 @@ class ProcessKill(Fault):
     def _server(self, ctx: FaultContext) -> Server:
         return server_of(ctx, self.params.server, self.describe_target(ctx))
 
-    def _kill_container(self, ctx: FaultContext, target: str) -> tuple[int, list[Recorded], dict[str, Any]]:
-        """``role: container``: record the container's init (host pid), then ``docker kill``."""
-        p = self.params
-        srv = self._server(ctx)
-        c = container_ops.container_of(srv, p.server, target)
-        incarnation = int(getattr(srv, "incarnation", 0))
-        pid = int((c.attrs.get("State") or {}).get("Pid") or 0)
-        try:
-            init = psutil.Process(pid)
-            recorded: list[Recorded] = [(pid, init.create_time(), cmdline_of(init))]
-        except psutil.Error as exc:
-            raise FaultError(f"the init of container {c.name} (pid {pid}) is gone", where=target,
-                             hint="the server may be restarting; inject once it is ready") from exc
-        container_ops.kill(c, p.signal)
-        return incarnation, recorded, {"mechanism": "container", **container_ops.identity(c)}
-
     def inject(self, ctx: FaultContext) -> dict[str, Any]:
-        """Signal every process of the role.
+        """Signal every process of the role, by the mechanism :func:`faults.mechanisms.select`
+        picks for it (the signal by recorded identity; ``role: container``: ``docker kill``).
 
         Returns:
             ``{"pids": [int], "create_times": [float], "cmdlines": [[str]], "signal": str,
@@ -162,12 +146,9 @@ class ProcessKill(Fault):
         """
         p = self.params
         target = self.describe_target(ctx)
-        extra: dict[str, Any] = {"mechanism": "signal"}
-        if p.role == "container":
-            incarnation, recorded, extra = self._kill_container(ctx, target)
-        else:
-            incarnation, recorded = record_role(self._server(ctx), p.server, p.role, target)
-            recorded = signal_recorded(recorded, int(getattr(signal_mod, p.signal)), target)
+        mech, _ = mechanisms.select("kill", Target(self._server(ctx), p.server, target, self.fault_id or "", [p.role]),
+                                    p.role)
+        incarnation, recorded, extra = mech.apply(p.signal)
         pids = [pid for pid, _, _ in recorded]
         if not pids:
             raise FaultError(f"every {p.role} process of server {p.server} went away before the signal",

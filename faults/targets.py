@@ -10,6 +10,8 @@ uses it; none imports another family). The identity checks themselves are
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import cast
 
 import psutil
 
@@ -88,3 +90,43 @@ def signal_recorded(recorded: list[Recorded], signum: int, target: str,
         else:  # went away after the first signal (e.g. a sibling worker torn down with it)
             log.info("%s pid %d went away before its own signal", target, pid)
     return done
+
+
+def record_tree(srv: Server, server: str, roles: Sequence[str] | None, target: str) -> tuple[int, list[Recorded]]:
+    """The processes to put in the cgroup, recorded (pid, create_time, cmdline): with
+    ``roles`` None the whole tree (the API process and every descendant, the resource
+    tracker included), else every process of each named role.
+
+    Returns:
+        ``(incarnation, recorded)``.
+
+    Raises:
+        FaultError: the server is down or restarted meanwhile, or a process vanished.
+    """
+    if roles:
+        incarnation, out = -1, cast("list[Recorded]", [])
+        for role in dict.fromkeys(roles):
+            inc, rec = record_role(srv, server, role, target, verb="moved")
+            if incarnation not in (-1, inc):
+                raise FaultError(f"server {server} restarted while its processes were being found", where=target,
+                                 hint="inject once the server is ready")
+            incarnation = inc
+            out += [r for r in rec if r[0] not in {o[0] for o in out}]
+        return incarnation, out
+    incarnation, api = record_role(srv, server, "api", target, verb="moved")
+    out = list(api)
+    for pid, _, _ in api:
+        try:
+            children = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            continue
+        for child in children:
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    out.append((child.pid, child.create_time(), cmdline_of(child)))
+            except psutil.Error:
+                continue   # exited meanwhile: nothing to move
+    if int(getattr(srv, "incarnation", 0)) != incarnation:
+        raise FaultError(f"server {server} restarted while its process tree was being found", where=target,
+                         hint="inject once the server is ready")
+    return incarnation, out

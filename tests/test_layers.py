@@ -8,7 +8,10 @@
 * an import inside a function only defers a heavy dependency, and says so in a comment;
 * no fault family imports another (issue 18): what several share (process targets,
   engine metrics, the duty cycle, the proxy) lives below them in ``faults``; only the
-  registry (and what builds on it) knows every family.
+  registry (and what builds on it) knows every family;
+* no fault family imports a mechanism's module, the cgroup library or the Docker client
+  (issue 31): a family states what, :mod:`faults.mechanisms` (the package: its selector)
+  says how.
 
 Imports under ``if TYPE_CHECKING:`` are typing only and not counted.
 """
@@ -193,3 +196,42 @@ def test_the_family_rule_can_fail(tmp_path):
     probe.write_text("from faults.process_kill import ProcessKill\n", encoding="utf-8")
     families = family_modules() | {"faults.probe"}
     assert family_imports({"faults.probe": probe}, families) == ["faults.probe:1 imports faults.process_kill"]
+
+
+#: What a family may not import: a mechanism module (``faults.mechanisms.<name>``; the
+#: package itself, the selector, it may), the cgroup library, the Docker client.
+HOW = ("faults.mechanisms.", "faults.cgroup", "docker")
+
+
+def names_imported(path: Path) -> list[tuple[str, int]]:
+    """``(dotted name, line)`` of every module imported, ``from`` imports of our modules
+    included (``from faults import cgroup`` gives ``faults`` and ``faults.cgroup``)."""
+    ours = modules()
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.module, node.lineno)] + [(f"{node.module}.{a.name}", node.lineno) for a in node.names
+                                                   if f"{node.module}.{a.name}" in ours]
+    return out
+
+
+def how_imports(mods: dict[str, Path], families: set[str]) -> list[str]:
+    """``"module:line imports name"`` for each import by a family module of what :data:`HOW` names."""
+    return [f"{mod}:{line} imports {name}" for mod, path in mods.items() if mod in families
+            for name, line in names_imported(path)
+            if any(name.startswith(h) if h.endswith(".") else name == h or name.startswith(h + ".") for h in HOW)]
+
+
+def test_no_fault_family_drives_a_mechanism_directly():
+    bad = how_imports(modules(), family_modules())
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("line", ["from faults import cgroup", "from faults.mechanisms.container import pause",
+                                  "import docker.errors", "from faults.cgroup import TreeCgroup"])
+def test_the_mechanism_rule_can_fail(tmp_path, line):
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"from faults.mechanisms import select\n{line}\n", encoding="utf-8")
+    assert len(how_imports({"faults.probe": probe}, family_modules() | {"faults.probe"})) >= 1

@@ -29,7 +29,7 @@ import psutil
 import pytest
 import yaml
 
-from faults import container_ops
+from faults.mechanisms import container as container_ops
 from faults.inject import FaultInjector, InjectionContext
 from faults.ledger import Ledger
 from harness.experiment.validate import load_experiment

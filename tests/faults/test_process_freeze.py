@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from faults.ledger import Ledger
-from faults.duty_cycle import process_state
+from faults.mechanisms.duty_cycle import process_state
 from faults.process_freeze import ProcessFreeze, ProcessFreezeParams
 from harness.stack.procs import same_process
 from harness.errors import FaultError

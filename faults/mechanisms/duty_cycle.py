@@ -1,10 +1,9 @@
-"""Stopping processes by signal, for good or in a duty cycle: the mechanism shared by
-``process-freeze`` (one role, SIGSTOP for the duration or ``duty_cycle`` of each period) and
-``cpu-throttle``'s ``duty_cycle`` mechanism (every role stopped ``1 - cpu_fraction`` of each
-period where no cgroup is writable).
+"""Stopping processes by signal, for good or in a duty cycle (:class:`StopCycle`): the
+``process-freeze`` of a role (:class:`faults.mechanisms.signal.SignalStop`) and
+``cpu-throttle``'s ``duty_cycle`` mechanism (:class:`DutyCycleCpu`: every role stopped
+``1 - cpu_fraction`` of each period, where no cgroup is writable or when asked).
 
-Below the fault families: each builds a :class:`StopCycle` per role it stops; neither
-imports the other. Every signal is pid-reuse safe (:func:`harness.stack.procs.send_signal_exact`).
+Every signal is pid-reuse safe (:func:`harness.stack.procs.send_signal_exact`).
 """
 
 from __future__ import annotations
@@ -14,11 +13,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 
-from faults.targets import signal_recorded
+from faults.mechanisms.base import Mechanism, Target, cpu_seconds
+from faults.targets import record_role, signal_recorded
+from harness.clock import now
+from harness.errors import FaultError
+from harness.stack.base import ROLES
 from harness.stack.procs import Recorded, same_process, send_signal_exact
 
 log = logging.getLogger(__name__)
@@ -28,6 +31,9 @@ MIN_SLICE_S = 0.02
 #: Seconds :meth:`StopCycle.release` and :func:`resume` wait for the resumed processes to
 #: leave the ``stopped`` state.
 RESUME_TIMEOUT_S = 2.0
+
+#: Largest distance between the observed stopped share and 1 − cpu_fraction (cpu-throttle).
+DUTY_TOLERANCE = 0.25
 
 _POLL_S = 0.02
 
@@ -200,3 +206,86 @@ class StopCycle:
             self._thread.join(timeout=5.0)
         with self._lock:
             return resume(self.targets)
+
+
+class DutyCycleCpu(Mechanism):
+    """``cpu-throttle`` by stopping every targeted role ``1 - cpu_fraction`` of each period
+    (one :class:`StopCycle` per role): a wall-clock approximation of a quota. Evidence: the
+    share of polls that saw the processes ``stopped``, within :data:`DUTY_TOLERANCE` of
+    ``1 - cpu_fraction``; the tree's CPU use (psutil), reported."""
+
+    name: ClassVar[str] = "duty_cycle"
+    action: ClassVar[str] = "cpu"
+    answers: ClassVar[tuple[str, ...]] = ("duty_cycle", "auto")
+    needs: ClassVar[tuple[str, ...]] = ("processes",)
+
+    def __init__(self, t: Target):
+        super().__init__(t)
+        self.cycles: list[StopCycle] = []
+        self.cpu_fraction = 1.0
+        self.measured_by = "psutil CPU times of the tree over the window; process states; "
+
+    def apply(self, cpu_fraction: float, period_s: float) -> dict[str, Any]:
+        t, self.cpu_fraction = self.t, cpu_fraction
+        if cpu_fraction >= 1:
+            raise FaultError("cpu_fraction 1 leaves the duty cycle nothing to stop", where=t.where,
+                             hint="use a cpu_fraction below 1, or a host with writable cgroups")
+        present = t.srv.roles() or {}
+        freezes: list[dict[str, Any]] = []
+        for role in list(t.roles) if t.roles else [r for r in ROLES if present.get(r)]:   # None: the whole tree
+            period = max(period_s, 1.01 * MIN_SLICE_S / min(cpu_fraction, 1 - cpu_fraction))
+            where = f"{t.server}/{role}"
+            incarnation, procs = record_role(t.srv, t.server, role, where, verb="stopped")
+            cycle = StopCycle(where, 1 - cpu_fraction, period)
+            self.cycles.append(cycle)
+            stopped_at = now()
+            if not cycle.start(procs, where):
+                raise FaultError(f"every {role} process of server {t.server} went away before the signal", where=where,
+                                 hint="the server may be restarting; inject once it is ready")
+            freezes.append({**cycle.facts(), "role": role, "duty_cycle": 1 - cpu_fraction, "period_s": period,
+                            "incarnation": incarnation, "stopped_at": stopped_at})
+        self.targets = [r for c in self.cycles for r in c.targets]
+        return {"freezes": freezes}
+
+    def observe(self, window_s: float, limit_cpus: float, obs: dict[str, Any]) -> tuple[bool, str]:
+        c0, w0 = cpu_seconds([(pid, ct) for pid, ct, _ in self.targets]), time.monotonic()
+        polls, stopped = 0, 0
+        while time.monotonic() - w0 < window_s:
+            live = [s for s in (process_state(pid, ct) for pid, ct, _ in self.targets) if s is not None]
+            polls += 1
+            stopped += bool(live) and all(s == psutil.STATUS_STOPPED for s in live)
+            time.sleep(_POLL_S)
+        w1 = time.monotonic()
+        c1 = cpu_seconds([(pid, ct) for pid, ct, _ in self.targets])
+        share = stopped / polls if polls else 0.0
+        obs.update(window_s=round(w1 - w0, 3), cpu_seconds=round(c1 - c0, 4),
+                   cpu_used_cpus=round((c1 - c0) / (w1 - w0), 4), stopped_share=round(share, 3))
+        head = (f"{self.t.where}: duty cycle ({obs['fallback_reason'] or 'asked'}): stopped {share:.0%} of "
+                f"{obs['window_s']:.1f} s (planned {1 - self.cpu_fraction:.0%}), tree used "
+                f"{obs['cpu_used_cpus']:.3f} CPU")
+        if abs(share - (1 - self.cpu_fraction)) > DUTY_TOLERANCE:
+            return False, head + " — not the planned share"
+        return True, head
+
+    def restore(self) -> None:
+        errors = []
+        for cycle in list(self.cycles):
+            if left := cycle.release():
+                errors.append(f"{cycle.name}: pids {left} still stopped after SIGCONT")
+            else:
+                self.cycles.remove(cycle)
+        if errors:
+            raise FaultError("; ".join(errors))
+
+    @classmethod
+    def recover(cls, facts: dict[str, Any], fault_id: str) -> None:
+        """SIGCONT the processes of every recorded role (``freezes``)."""
+        errors = []
+        for ff in facts.get("freezes") or []:
+            try:
+                if left := resume_facts(ff):
+                    errors.append(f"pids {left} still stopped after SIGCONT")
+            except PermissionError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise FaultError("; ".join(errors))
