@@ -34,9 +34,8 @@ pieces (``slicer``), bytes dropped (``timeout``), bytes cut and connections clos
 done (``corrupt``, the first 50), streams aborted (``abort``); and the same delay for
 chunks no toxic touched (``passthrough_ms``, the proxy's own overhead).
 
-Each toxic type is a :class:`faults.toxics.ToxicPipe`; a connection holds one per toxic
-on it (its state on that connection); :meth:`Proxy._forward` passes each chunk through
-them in the order the toxics were added. The control API runs on aiohttp.
+A connection holds one :class:`faults.toxics.ToxicPipe` per toxic on it (the toxic's
+state there); each chunk passes through them in the order the toxics were added.
 """
 
 from __future__ import annotations
@@ -83,8 +82,8 @@ class _Connection:
             stats = self.proxy.stats_of(toxic.name)
             pipe = self.pipes[(toxic.name, generation)] = TOXICS[toxic.type](
                 toxic, connection_rng(self.proxy.seed, toxic.name, self.index), stats, self, self.downstream_bytes > 0)
-            stats.connections_seen += 1
-            stats.connections_affected += pipe.affected
+            stats.count["connections_seen"] += 1
+            stats.count["connections_affected"] += pipe.affected
         pipe.toxic = toxic                  # the control API may change its toxicity in place
         return pipe
 
@@ -264,13 +263,13 @@ class Proxy:
             if toxic.stream != stream:
                 continue
             pipe = conn.pipe(toxic, gen)
-            st = pipe.stats
-            st.chunks_seen += 1
+            count = pipe.stats.count
+            count["chunks_seen"] += 1
             if not pipe.affected:
                 continue
-            st.chunks += 1
-            st.bytes += sum(len(b) for _, b in segments)
-            touched.append(st)
+            count["chunks"] += 1
+            count["bytes"] += sum(len(b) for _, b in segments)
+            touched.append(pipe.stats)
             segments = pipe.pipe(segments, arrived, time.perf_counter())
             if pipe.end:
                 await self._write(segments, dst)

@@ -6,8 +6,7 @@ A toxic is plain data, as in toxiproxy's HTTP API::
      "toxicity": 1.0, "attributes": {"latency": 50, "jitter": 25}}
 
 * ``type``: one of :data:`TOXIC_TYPES`; ``attributes`` are validated by the type's
-  ``Attrs`` model below (units as toxiproxy's: milliseconds, KB/s, microseconds for the
-  slicer's delay);
+  ``Attrs`` model (units as toxiproxy's: ms, KB/s, µs for the slicer's delay);
 * ``stream``: ``"upstream"`` (client → server: the request) or ``"downstream"``
   (server → client: the response);
 * ``toxicity``: the fraction of connections the toxic acts on, in [0, 1]. The decision is
@@ -17,20 +16,10 @@ A toxic is plain data, as in toxiproxy's HTTP API::
   Every further draw of the toxic on that connection (jitter, slice sizes, the corrupted
   event) continues that same generator.
 
-Each type is one :class:`ToxicPipe` subclass, as each toxiproxy toxic is its own pipe: an
-instance is the toxic on one connection's stream and holds that connection's state; its
-:meth:`~ToxicPipe.pipe` turns the timed pieces of one chunk into the pieces to write (the
-proxy does the waiting and the writing) and counts what it did in the toxic's
-:class:`ToxicStats`. A subclass registers itself in :data:`TOXICS` by its ``kind``:
-adding a toxic is one new class.
-
-``corrupt`` (not a toxiproxy toxic) alters, drops or duplicates one SSE event of each
-streamed (``text/event-stream``, chunked) response on an affected connection, re-framing
-the HTTP chunked body (:class:`SseReframer`; h11 parses the HTTP) so the HTTP layer stays
-valid: only the SSE content lies. Its semantic modes (``append_after_stop``,
-``drop_token_text``, ``break_json``, ``zero_logprobs``) rewrite the events' JSON instead,
-each aimed at one request-class invariant (:mod:`faults.sse_rewrite`); they ride the same
-re-framing, plan and evidence. The other toxics act on raw TCP bytes.
+Each type is one :class:`ToxicPipe` subclass (toxiproxy's pipe), registered in
+:data:`TOXICS` by its ``kind``: adding a toxic is one new class. ``corrupt`` and ``abort``
+re-frame streamed SSE responses (:class:`SseReframer`, h11 parses the HTTP); the others act
+on raw TCP bytes.
 """
 
 from __future__ import annotations
@@ -176,14 +165,12 @@ class ToxicStats:
     and the type's own counters (:attr:`ToxicPipe.counters`)."""
 
     def __init__(self) -> None:
-        self.connections_seen = self.connections_affected = self.chunks_seen = self.chunks = self.bytes = 0
         self.added = Delays()
-        self.count: dict[str, Any] = {}
+        self.count: dict[str, Any] = dict.fromkeys(
+            ("connections_seen", "connections_affected", "chunks_seen", "chunks", "bytes"), 0)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"connections_seen": self.connections_seen, "connections_affected": self.connections_affected,
-                "chunks_seen": self.chunks_seen, "chunks": self.chunks, "bytes": self.bytes,
-                "added_ms": self.added.summary()} | self.count
+        return self.count | {"added_ms": self.added.summary()}
 
 
 # ---------------------------------------------------------------- the interface
