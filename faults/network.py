@@ -252,8 +252,9 @@ class Network(ProxiedFault):
 
     def _final_evidence(self, ctx: FaultContext) -> None:
         """Record the toxic's counters over the whole fault (before it is removed) as a second
-        ``fault_evidence`` event, when the injector's evidence showed it acted."""
+        ``fault_evidence`` event, when the injector's evidence showed it acted (once)."""
         st = self.toxic_stats() if self.first is not None and self.first.acted else {}
+        self.first = None
         if st and self.fault_id is not None:
             ev = self._judge(st, over="over the whole fault")
             ev.observations["over"] = "the whole fault"

@@ -57,6 +57,8 @@ def test_through_the_proxy_the_share_follows_the_toxicity_and_the_whole_fault_is
     assert final[0]["evidence"]["observations"]["over"] == "the whole fault"
     assert "over the whole fault" in final[0]["evidence"]["detail"]
     assert p.client.toxics("echo") == []                   # and the toxic is gone
+    fault.clear(types.SimpleNamespace(timeline=timeline))   # idempotent: recorded once
+    assert len([e for e in timeline.events if e["event"] == "fault_evidence"]) == 1
 
 
 def test_no_whole_fault_evidence_is_recorded_for_a_toxic_that_never_acted(request):
