@@ -18,7 +18,13 @@ paths alike:
 
 Not run by CI. Run it under the shared lock (it starts a vLLM server)::
 
-    flock /tmp/specchaos-vllm.lock python bench/proxy_overhead.py [--rounds 6] [--users 4] [--seconds 20]
+    flock /tmp/specchaos-realstack.lock python bench/proxy_overhead.py [--rounds 6] [--users 4] [--seconds 20]
+
+or against a server already running (no lock, no vLLM: e.g. ``bench/sse_server.py``, whose
+answers cost next to nothing, so the proxy's own clock is all that is measured)::
+
+    python bench/sse_server.py --port 18080 --chunks 32 &
+    python bench/proxy_overhead.py --upstream 127.0.0.1:18080
 
 Its last line is a JSON object with ``added_p50_ms``, ``added_p99_ms``, ``throughput_ratio``
 (targets: ≤ 0.5 ms, ≤ 2 ms, ≥ 0.9) and the raw figures.
@@ -81,19 +87,28 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--upstream", help="host:port of a running completions server to measure against instead of "
+                                       "starting the local stack (e.g. bench/sse_server.py)")
     args = ap.parse_args()
     models = ROOT / "models"
     build_models(models)
+    prompts = build_prompt_set(models / "target", seed=1234, short=8, medium=4, long=0, max_tokens=32)
+    if args.upstream:
+        return measure(f"http://{args.upstream}", "bench", prompts, args)
     run_dir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    cfg = StackConfig(models_dir=str(models), reference=False)
-    stack = LocalStack(cfg, run_dir, timeline=Timeline(run_dir / "timeline.jsonl"))
-    proxy = None
+    stack = LocalStack(StackConfig(models_dir=str(models), reference=False), run_dir,
+                       timeline=Timeline(run_dir / "timeline.jsonl"))
     try:
         stack.start()
-        spec = stack.servers["spec"]
-        prompts = build_prompt_set(models / "target", seed=1234, short=8, medium=4, long=0, max_tokens=32)
-        direct = spec.base_url
-        proxy = ProxyProcess.start("spec", direct.split("//")[1], 1234)
+        return measure(stack.servers["spec"].base_url, stack.servers["spec"].model, prompts, args)
+    finally:
+        stack.stop()
+
+
+def measure(direct: str, model: str, prompts: list, args: argparse.Namespace) -> int:
+    """Direct and through a fresh proxy to ``direct`` (module doc); prints the JSON line."""
+    proxy = ProxyProcess.start("spec", direct.split("//")[1], 1234)
+    try:
         via = f"http://{proxy.listen}"
         load_before = os.getloadavg()
         pairs: list[float] = []
@@ -101,13 +116,13 @@ def main() -> int:
         e2e: dict[str, list[float]] = {"direct": [], "proxy": []}
         with make_client(2) as c:
             for p in prompts[:2]:                      # warm both paths
-                stream_completion(c, direct, spec.model, p, timeout_s=60)
-                stream_completion(c, via, spec.model, p, timeout_s=60)
+                stream_completion(c, direct, model, p, timeout_s=60)
+                stream_completion(c, via, model, p, timeout_s=60)
             for _ in range(args.rounds):
                 for p in prompts:
                     got = {}
                     for name, url in (("direct", direct), ("proxy", via)):
-                        r = stream_completion(c, url, spec.model, p, timeout_s=60)
+                        r = stream_completion(c, url, model, p, timeout_s=60)
                         if r.ok:
                             ttft[name].append(r.ttft_s * 1000)
                             e2e[name].append(r.e2e_s * 1000)
@@ -117,7 +132,7 @@ def main() -> int:
         tput = {"direct": [], "proxy": []}
         for _ in range(2):                             # alternate: direct, proxy, direct, proxy
             for name, url in (("direct", direct), ("proxy", via)):
-                tput[name].append(throughput(url, spec.model, prompts, args.users, args.seconds / 2))
+                tput[name].append(throughput(url, model, prompts, args.users, args.seconds / 2))
         inner = proxy.client.stats()["passthrough_ms"]
         result = {
             "added_p50_ms": round(pct(pairs, 50), 3),
@@ -134,9 +149,7 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     finally:
-        if proxy is not None:
-            proxy.stop()
-        stack.stop()
+        proxy.stop()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,12 @@ Evidence (measured by the proxy, never "applied"), from its ``/stats`` since inj
 toxic's latency; ``bandwidth``/``slicer``: affected chunks (and pieces written);
 ``timeout``: bytes dropped; ``limit_data``: bytes cut or connections closed;
 ``reset_peer``: connections reset; ``corrupt``: SSE events corrupted (with what was done).
+Each says how much of the traffic the toxic reached: the chunks and connections on its
+stream while it was there, and how many of them it acted on ("delayed 412 of 3,020 chunks
+(13.6%) on 41 of 185 connections"). The injector takes the evidence as soon as the toxic
+acted; at clear, the toxic's counters over the whole fault are recorded as a second
+``fault_evidence`` event (``observations.over: "the whole fault"``), which the report
+keeps as the fault's evidence.
 
 Example::
 
@@ -51,6 +57,7 @@ import logging
 import os
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -153,6 +160,7 @@ class Network(ProxiedFault):
         super().__init__(params, ProxyRoute(server=params.server, seed=params.seed, listen_port=params.listen_port,
                                             toxic_name=f"{params.toxic}_{params.stream}", backend=params.backend,
                                             toxiproxy_url=params.toxiproxy_url))
+        self.first: Evidence | None = None
 
     def describe_target(self, ctx: FaultContext) -> str:
         """``"<server>/<stream>"``, e.g. ``"spec/downstream"``."""
@@ -179,7 +187,8 @@ class Network(ProxiedFault):
 
         Observations: ``toxic``, ``server``, ``stream``, ``toxicity``, ``measured_by``,
         ``declared_added_latency_s`` (:meth:`declared_added_latency_s`), and the toxic's
-        counters since injection: ``connections_affected``, ``chunks``,
+        counters since injection: ``connections_seen`` and ``chunks_seen`` (on its stream
+        while it was there), ``connections_affected`` and ``chunks`` (those it acted on),
         ``added_latency_ms`` ({count, mean, p50, p99, max}), ``bytes_dropped``,
         ``bytes_cut``, ``connections_closed``, ``connections_reset``, ``pieces``,
         ``events_corrupted``, ``corruptions`` (the first ones: response, event, mode,
@@ -189,7 +198,8 @@ class Network(ProxiedFault):
             raise FaultError("network evidence asked before injection", where=self.describe_target(ctx))
         if self.params.backend == "toxiproxy" and self.client.stats() is None:
             return self._probe_evidence(ctx, timeout_s)
-        return self.wait_for_evidence(timeout_s, self._judge)
+        self.first = self.wait_for_evidence(timeout_s, self._judge)
+        return self.first
 
     def declared_added_latency_s(self) -> float | None:
         """What this toxic adds to one request's TTFT and E2E by its declaration, in seconds
@@ -200,13 +210,14 @@ class Network(ProxiedFault):
             return None
         return round(max_chunk_delay_s(LatencyAttrs(**self.params.attributes)), 6)
 
-    def _judge(self, st: dict[str, Any]) -> Evidence:
+    def _judge(self, st: dict[str, Any], over: str = "so far") -> Evidence:
         p, a = self.params, self.params.attributes
         added = st.get("added_ms") or {}
         obs = {"toxic": p.toxic, "server": p.server, "stream": p.stream, "toxicity": p.toxicity, "attributes": dict(a),
                "declared_added_latency_s": self.declared_added_latency_s(),
                "measured_by": f"the fault proxy's /stats ({self.client.api if self.client else '?'})",
-               "connections_affected": st.get("connections_affected", 0), "chunks": st.get("chunks", 0),
+               "connections_seen": st.get("connections_seen", 0), "connections_affected": st.get("connections_affected", 0),
+               "chunks_seen": st.get("chunks_seen", 0), "chunks": st.get("chunks", 0),
                "added_latency_ms": added, "bytes_dropped": st.get("bytes_dropped", 0),
                "bytes_cut": st.get("bytes_cut", 0), "connections_closed": st.get("closed", 0),
                "connections_reset": st.get("resets", 0), "pieces": st.get("pieces", 0),
@@ -215,10 +226,10 @@ class Network(ProxiedFault):
         if t == "latency":
             want = float(a.get("latency", 0)) / 2
             ok = (added.get("count") or 0) >= 3 and (added.get("mean") or 0) >= want
-            what = f"{added.get('count') or 0} chunks delayed, mean {added.get('mean')} ms (p99 {added.get('p99')} ms)"
+            what = f"mean {added.get('mean')} ms added (p99 {added.get('p99')} ms)"
         elif t in ("bandwidth", "slicer"):
             ok = obs["chunks"] >= 3
-            what = f"{obs['chunks']} chunks throttled/sliced into {obs['pieces']} pieces, mean delay {added.get('mean')} ms"
+            what = f"{obs['pieces']} pieces written, mean delay {added.get('mean')} ms"
         elif t == "timeout":
             ok = obs["bytes_dropped"] > 0
             what = f"{obs['bytes_dropped']} bytes dropped, {obs['connections_closed']} connections closed"
@@ -235,9 +246,20 @@ class Network(ProxiedFault):
         else:
             ok = obs["events_corrupted"] > 0
             what = f"{obs['events_corrupted']} SSE events corrupted"
-        detail = f"{t} on {p.server}/{p.stream}: {what} (measured by the proxy; {obs['connections_affected']} " \
-                 f"connections affected)"
+        verb = {"latency": "delayed", "bandwidth": "throttled", "slicer": "sliced", "timeout": "blackholed"}.get(t, "reached")
+        detail = f"{t} on {p.server}/{p.stream}: {verb} {reach(obs)} {over}; {what} (measured by the proxy)"
         return Evidence(ok, obs, detail)
+
+    def _final_evidence(self, ctx: FaultContext) -> None:
+        """Record the toxic's counters over the whole fault (before it is removed) as a second
+        ``fault_evidence`` event, when the injector's evidence showed it acted (once)."""
+        st = self.toxic_stats() if self.first is not None and self.first.acted else {}
+        self.first = None
+        if st and self.fault_id is not None:
+            ev = self._judge(st, over="over the whole fault")
+            ev.observations["over"] = "the whole fault"
+            ctx.timeline.emit("fault", "fault_evidence", fault_id=self.fault_id, acted=True,
+                              evidence=asdict(Evidence(True, ev.observations, ev.detail)))
 
     def _probe_evidence(self, ctx: FaultContext, timeout_s: float) -> Evidence:
         """A toxiproxy server measures nothing: time ``GET /health`` through it and direct."""
@@ -270,8 +292,18 @@ class Network(ProxiedFault):
         """Remove the toxic (idempotent; a proxy already gone counts as cleared)."""
         if self.client is None or self.facts is None:
             return
+        self._final_evidence(ctx)
         try:
             self.client.remove_toxic(self.proxy_name, self.toxic_name)
         except httpx.HTTPError:
             if not self.proxy_gone():
                 raise
+
+
+def reach(obs: dict[str, Any]) -> str:
+    """How much of the traffic on its stream a toxic acted on, from the evidence's
+    observations: ``"412 of 3,020 chunks (13.6%) on 41 of 185 connections"``."""
+    chunks, seen = obs.get("chunks", 0), obs.get("chunks_seen", 0)
+    share = f" ({chunks / seen:.1%})" if seen else ""
+    return (f"{chunks:,} of {seen:,} chunks{share} on {obs.get('connections_affected', 0):,} of "
+            f"{obs.get('connections_seen', 0):,} connections")

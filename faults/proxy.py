@@ -25,12 +25,17 @@ Control: a subset of toxiproxy's HTTP API on the control address, so the same cl
 Toxics apply to connections open when they are added and to new ones; removing a toxic
 stops it on every connection; no healthy connection is dropped by either.
 
-Measurements (never "applied"): per toxic, connections seen and affected; for every chunk
-written on an affected connection, the delay from its arrival at the proxy to the end of
-its write (``added_ms``: count, mean, p50, p99, max); bytes dropped (``timeout``), bytes cut
-and connections closed (``limit_data``), connections reset (``reset_peer``), SSE events
-corrupted with what was done (``corrupt``, the first 50); and the same delay for chunks no
-toxic touched (``passthrough_ms``, the proxy's own overhead).
+Measurements (never "applied"): per toxic (:class:`faults.toxics.ToxicStats`), the
+connections and chunks on its stream while it was there and those it acted on; for every
+chunk written on an affected connection, the delay from its arrival at the proxy to the
+end of its write (``added_ms``: count, mean, p50, p99, max); the type's own counters:
+pieces (``slicer``), bytes dropped (``timeout``), bytes cut and connections closed
+(``limit_data``), connections reset (``reset_peer``), SSE events corrupted with what was
+done (``corrupt``, the first 50), streams aborted (``abort``); and the same delay for
+chunks no toxic touched (``passthrough_ms``, the proxy's own overhead).
+
+A connection holds one :class:`faults.toxics.ToxicPipe` per toxic on it (the toxic's
+state there); each chunk passes through them in the order the toxics were added.
 """
 
 from __future__ import annotations
@@ -44,109 +49,51 @@ import socket
 import struct
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-from faults.toxics import AbortPlan, CorruptPlan, SseReframer, Toxic, affected, connection_rng, latency_s, parse_toxic, slice_sizes
+from aiohttp import web
+
+from faults.toxics import TOXICS, Delays, Segments, Toxic, ToxicPipe, ToxicStats, connection_rng, parse_toxic
 from harness.net import LOOPBACK_HINT, is_allowed_host, is_loopback_host
 from harness.proc import announced_main
 
 log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
-_SAMPLES = 2000
-
-
-class _Delays:
-    """Running summary of delays in ms (count, mean, max; p50/p99 over the last samples)."""
-
-    def __init__(self) -> None:
-        self.count, self.total, self.max = 0, 0.0, 0.0
-        self.recent: deque[float] = deque(maxlen=_SAMPLES)
-
-    def add(self, ms: float) -> None:
-        self.count += 1
-        self.total += ms
-        self.max = max(self.max, ms)
-        self.recent.append(ms)
-
-    def summary(self) -> dict[str, Any]:
-        xs = sorted(self.recent)
-
-        def q(p: float) -> float | None:
-            return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3) if xs else None
-
-        return {"count": self.count, "mean": round(self.total / self.count, 3) if self.count else None,
-                "p50": q(0.5), "p99": q(0.99), "max": round(self.max, 3)}
-
-
-@dataclass
-class _ToxicStats:
-    connections_seen: int = 0
-    connections_affected: int = 0
-    chunks: int = 0
-    bytes: int = 0
-    added: _Delays = field(default_factory=_Delays)
-    bytes_dropped: int = 0
-    bytes_cut: int = 0
-    closed: int = 0
-    resets: int = 0
-    pieces: int = 0
-    corrupted: list[dict] = field(default_factory=list)
-    corrupted_count: int = 0
-    aborted: int = 0
-    abort_times: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"connections_seen": self.connections_seen, "connections_affected": self.connections_affected,
-                "chunks": self.chunks, "bytes": self.bytes, "added_ms": self.added.summary(),
-                "bytes_dropped": self.bytes_dropped, "bytes_cut": self.bytes_cut, "closed": self.closed,
-                "resets": self.resets, "pieces": self.pieces, "events_corrupted": self.corrupted_count,
-                "corruptions": self.corrupted[:50], "aborted": self.aborted, "abort_times": self.abort_times[-200:]}
-
-
-class _State:
-    """One toxic on one connection: the toxicity draw and the toxic's own state."""
-
-    def __init__(self, toxic: Toxic, seed: int, conn: int, mid_stream: bool):
-        self.rng = connection_rng(seed, toxic.name, conn)
-        self.attrs = toxic.attrs
-        self.t_next = 0.0
-        # abort draws per response (its plan), every other toxic per connection
-        self.affected = True if toxic.type == "abort" else affected(self.rng, toxic.toxicity)
-        self.first_seen: float | None = None
-        self.bytes = 0
-        self.plan: CorruptPlan | AbortPlan | None = None
-        if toxic.type == "corrupt":
-            self.plan = CorruptPlan(self.rng, self.attrs)
-        elif toxic.type == "abort":
-            self.plan = AbortPlan(self.rng, self.attrs, toxic.toxicity)
-        self.reframer = SseReframer(self.plan, mid_stream) if self.plan is not None else None
-        self.reported = 0
-        self.completed = 0
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class _Connection:
-    def __init__(self, proxy: "Proxy", index: int, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter):
+    """One client connection and its upstream; the :class:`faults.toxics.Link` its toxics act on."""
+
+    def __init__(self, proxy: Proxy, index: int, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter):
         self.proxy, self.index, self.client, self.upstream = proxy, index, client, upstream
-        self.states: dict[tuple[str, int], _State] = {}
+        self.pipes: dict[tuple[str, int], ToxicPipe] = {}
         self.closed = False
         self.downstream_bytes = 0
         #: a request was sent and its response has not ended yet (set by request bytes,
         #: cleared when an ``abort`` toxic's re-framer sees the response end)
         self.pending = False
 
-    def state(self, toxic: Toxic, generation: int) -> _State:
-        key = (toxic.name, generation)
-        st = self.states.get(key)
-        if st is None:
-            st = self.states[key] = _State(toxic, self.proxy.seed, self.index, mid_stream=self.downstream_bytes > 0)
-            ts = self.proxy.stats_of(toxic.name)
-            ts.connections_seen += 1
-            ts.connections_affected += st.affected
-        return st
+    def pipe(self, toxic: Toxic, generation: int) -> ToxicPipe:
+        """The toxic's pipe on this connection (made on its first chunk here)."""
+        pipe = self.pipes.get((toxic.name, generation))
+        if pipe is None:
+            stats = self.proxy.stats_of(toxic.name)
+            pipe = self.pipes[(toxic.name, generation)] = TOXICS[toxic.type](
+                toxic, connection_rng(self.proxy.seed, toxic.name, self.index), stats, self, self.downstream_bytes > 0)
+            stats.count["connections_seen"] += 1
+            stats.count["connections_affected"] += pipe.affected
+        pipe.toxic = toxic                  # the control API may change its toxicity in place
+        return pipe
+
+    def later(self, pipe: ToxicPipe, delay_s: float, act: Callable[[], None]) -> None:
+        def fire() -> None:
+            current = self.proxy.toxics.get(pipe.toxic.name)
+            if current is not None and self.pipes.get((pipe.toxic.name, current[1])) is pipe and not self.closed:
+                act()
+
+        asyncio.get_running_loop().call_later(delay_s, fire)
 
     def close(self, reset: bool = False) -> None:
         """Close both sides; ``reset``: an RST to the client (SO_LINGER 0)."""
@@ -175,10 +122,10 @@ class Proxy:
         self.listen = ""
         self.toxics: dict[str, tuple[Toxic, int]] = {}     # name -> (toxic, generation)
         self._generation = 0
-        self._stats: dict[str, _ToxicStats] = {}
+        self._stats: dict[str, ToxicStats] = {}
         self.connections = 0
         self.open = 0
-        self.passthrough = _Delays()
+        self.passthrough = Delays()
         self.bytes = {"upstream": 0, "downstream": 0}
         self.upstream_errors = 0
         self.requests_started = 0        # requests sent on a connection with none pending
@@ -190,7 +137,7 @@ class Proxy:
             raise KeyError(toxic.name)
         self._generation += 1
         self.toxics[toxic.name] = (toxic, self._generation)
-        self._stats.setdefault(toxic.name, _ToxicStats())
+        self.stats_of(toxic.name)
         log.info("toxic %s added: %s", toxic.name, toxic.public())
 
     def update(self, name: str, toxicity: float | None, attributes: dict | None) -> Toxic:
@@ -220,8 +167,8 @@ class Proxy:
             log.info("toxic %s removed", name)
         return found
 
-    def stats_of(self, name: str) -> _ToxicStats:
-        return self._stats.setdefault(name, _ToxicStats())
+    def stats_of(self, name: str) -> ToxicStats:
+        return self._stats.setdefault(name, ToxicStats())
 
     def stats(self) -> dict[str, Any]:
         """``{"connections", "open", "streams_in_flight": {abort toxic: requests sent on an
@@ -230,7 +177,7 @@ class Proxy:
         {count, mean, p50, p99, max}, "upstream_errors", "toxics": {name: {...}},
         "active": [names]}`` (delays in ms)."""
         live = sum(1 for c in self._conns if not c.closed and c.pending)
-        in_flight = {name: live for name, (t, _) in self.toxics.items() if t.type == "abort"}
+        in_flight = {name: live for name, (t, _) in self.toxics.items() if TOXICS[t.type].per_response}
         return {"connections": self.connections, "open": self.open, "bytes": dict(self.bytes),
                 "streams_in_flight": in_flight, "requests_started": self.requests_started,
                 "passthrough_ms": self.passthrough.summary(), "upstream_errors": self.upstream_errors,
@@ -309,99 +256,34 @@ class Proxy:
 
     async def _forward(self, conn: _Connection, stream: str, arrived: float, data: bytes,
                        dst: asyncio.StreamWriter) -> bool:
-        """Apply the stream's toxics to one chunk and write it; False once the connection ends."""
-        segments = [(arrived, data)]          # (not before, perf_counter s; bytes)
-        touched: list[_ToxicStats] = []
+        """Pass one chunk through the stream's toxics and write it; False once the connection ends."""
+        segments: Segments = [(arrived, data)]
+        touched: list[ToxicStats] = []
         for toxic, gen in list(self.toxics.values()):
             if toxic.stream != stream:
                 continue
-            st = conn.state(toxic, gen)
-            if not st.affected:
+            pipe = conn.pipe(toxic, gen)
+            count = pipe.stats.count
+            count["chunks_seen"] += 1
+            if not pipe.affected:
                 continue
-            ts = self.stats_of(toxic.name)
-            ts.chunks += 1
-            ts.bytes += sum(len(b) for _, b in segments)
-            touched.append(ts)
-            now = time.perf_counter()
-            if st.first_seen is None:
-                st.first_seen = now
-            a = st.attrs
-            if toxic.type == "latency":
-                segments = [(max(t, arrived + latency_s(a, st.rng)), b) for t, b in segments]
-            elif toxic.type == "bandwidth":
-                out, t_next = [], max(now, st.t_next)
-                step = max(1, int(a.rate * 1000 * 0.1))          # 100 ms worth of bytes per piece
-                for t, b in segments:
-                    for i in range(0, len(b), step):
-                        piece = b[i:i + step]
-                        t_next = max(t_next, t)
-                        out.append((t_next, piece))
-                        t_next += len(piece) / (a.rate * 1000.0)
-                st.t_next = t_next
-                segments = out
-            elif toxic.type == "slicer":
-                out = []
-                for t, b in segments:
-                    pos = 0
-                    for j, n in enumerate(slice_sizes(len(b), a, st.rng)):
-                        out.append((t + j * a.delay / 1e6, b[pos:pos + n]))
-                        pos += n
-                ts.pieces += len(out)
-                segments = out
-            elif toxic.type == "timeout":
-                ts.bytes_dropped += sum(len(b) for _, b in segments)
-                segments = []
-                if a.timeout > 0 and st.timer is None:
-                    st.timer = asyncio.get_running_loop().call_later(
-                        a.timeout / 1000.0, self._fire, conn, toxic.name, gen, False)
-            elif toxic.type == "reset_peer":
-                if st.timer is None:
-                    st.timer = asyncio.get_running_loop().call_later(
-                        a.timeout / 1000.0, self._fire, conn, toxic.name, gen, True)
-            elif toxic.type == "limit_data":
-                allowed = max(0, a.bytes - st.bytes)
-                out = []
-                for t, b in segments:
-                    keep = b[:allowed]
-                    allowed -= len(keep)
-                    st.bytes += len(keep)
-                    ts.bytes_cut += len(b) - len(keep)
-                    if keep:
-                        out.append((t, keep))
-                segments = out
-                if st.bytes >= a.bytes:
-                    await self._write(segments, dst)
-                    ts.closed += 1
-                    conn.close()
-                    return False
-            elif toxic.type == "corrupt":
-                segments = [(t, st.reframer.feed(b)) for t, b in segments]
-                done = st.plan.done
-                if len(done) > st.reported:
-                    ts.corrupted_count += len(done) - st.reported
-                    ts.corrupted += [c.as_dict() | {"connection": conn.index} for c in done[st.reported:]]
-                    st.reported = len(done)
-            elif toxic.type == "abort":
-                st.plan.fraction = toxic.toxicity          # updated in place by the control API
-                segments = [(t, st.reframer.feed(b)) for t, b in segments]
-                if st.reframer.completed > st.completed:
-                    st.completed = st.reframer.completed
-                    conn.pending = st.reframer.in_response
-                if st.plan.abort_now:
-                    await self._write(segments, dst)
-                    ts.aborted += 1
-                    ts.abort_times.append(time.time())
-                    conn.close()
-                    return False
+            count["chunks"] += 1
+            count["bytes"] += sum(len(b) for _, b in segments)
+            touched.append(pipe.stats)
+            segments = pipe.pipe(segments, arrived, time.perf_counter())
+            if pipe.end:
+                await self._write(segments, dst)
+                conn.close()
+                return False
         await self._write(segments, dst)
         ms = (time.perf_counter() - arrived) * 1000.0
-        for ts in touched:
-            ts.added.add(ms)
+        for st in touched:
+            st.added.add(ms)
         if not touched:
             self.passthrough.add(ms)
         return True
 
-    async def _write(self, segments: list[tuple[float, bytes]], dst: asyncio.StreamWriter) -> None:
+    async def _write(self, segments: Segments, dst: asyncio.StreamWriter) -> None:
         for t, b in segments:
             wait = t - time.perf_counter()
             if wait > 0:
@@ -410,83 +292,65 @@ class Proxy:
                 dst.write(b)
                 await dst.drain()
 
-    def _fire(self, conn: _Connection, name: str, gen: int, reset: bool) -> None:
-        """A ``timeout``/``reset_peer`` timer: acts only if the toxic is still there."""
-        current = self.toxics.get(name)
-        if current is None or current[1] != gen or conn.closed:
-            return
-        ts = self.stats_of(name)
-        if reset:
-            ts.resets += 1
-        else:
-            ts.closed += 1
-        conn.close(reset=reset)
-
 
 # -------------------------------------------------------------------- control API (toxiproxy subset)
 
-async def _control(proxy: Proxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        lines = head.decode("latin-1").split("\r\n")
-        method, path = lines[0].split(" ")[:2]
-        length = 0
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            if k.strip().lower() == "content-length":
-                length = int(v.strip() or 0)
-        body = await reader.readexactly(length) if length else b""
-        status, payload = _route(proxy, method, path.split("?")[0].rstrip("/"), body)
-    except Exception as exc:  # noqa: BLE001 - answer, never die
-        status, payload = 400, {"error": f"{type(exc).__name__}: {exc}"}
-    data = b"" if payload is None else json.dumps(payload).encode()
-    reason = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 404: "Not Found",
-              409: "Conflict"}.get(status, "OK")
-    writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
-    try:
-        await writer.drain()
-    finally:
-        writer.close()
+def control_app(proxy: Proxy) -> web.Application:
+    """The control API (module doc) as an aiohttp application. Errors answer ``{"error"}``:
+    404 for an unknown proxy or toxic, 400 for invalid input (one line naming the field)."""
+    def reply(data: Any, status: int = 200) -> web.Response:
+        return web.json_response(data, status=status)
 
+    @web.middleware
+    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.match_info.get("proxy", proxy.name) != proxy.name:
+            return reply({"error": f"proxy {request.match_info['proxy']} not found"}, 404)
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except KeyError as exc:
+            return reply({"error": f"toxic {exc.args[0]} not found"}, 404)
+        except Exception as exc:  # noqa: BLE001 - answer, never die
+            return reply({"error": str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"}, 400)
 
-def _route(proxy: Proxy, method: str, path: str, body: bytes) -> tuple[int, Any]:
-    parts = [p for p in path.split("/") if p]
-    if method == "GET" and parts == ["version"]:
-        return 200, {"version": "specchaos-proxy"}
-    if method == "GET" and parts == ["stats"]:
-        return 200, proxy.stats()
-    if method == "GET" and parts == ["proxies"]:
-        return 200, {proxy.name: proxy.describe()}
-    if len(parts) >= 2 and parts[0] == "proxies":
-        if parts[1] != proxy.name:
-            return 404, {"error": f"proxy {parts[1]} not found"}
-        if len(parts) == 2 and method == "GET":
-            return 200, proxy.describe()
-        if len(parts) == 3 and parts[2] == "toxics":
-            if method == "GET":
-                return 200, [t.public() for t, _ in proxy.toxics.values()]
-            if method == "POST":
-                try:
-                    toxic = parse_toxic(json.loads(body or b"{}"))
-                except ValueError as exc:
-                    return 400, {"error": str(exc)}
-                try:
-                    proxy.add(toxic)
-                except KeyError:
-                    return 409, {"error": f"toxic {toxic.name} already exists"}
-                return 200, toxic.public()
-        if len(parts) == 4 and parts[2] == "toxics" and method == "POST":
-            body_json = json.loads(body or b"{}")
-            try:
-                return 200, proxy.update(parts[3], body_json.get("toxicity"), body_json.get("attributes")).public()
-            except KeyError:
-                return 404, {"error": f"toxic {parts[3]} not found"}
-            except ValueError as exc:
-                return 400, {"error": str(exc)}
-        if len(parts) == 4 and parts[2] == "toxics" and method == "DELETE":
-            return (204, None) if proxy.remove(parts[3]) else (404, {"error": f"toxic {parts[3]} not found"})
-    return 404, {"error": f"no route {method} {path}"}
+    async def version(request: web.Request) -> web.Response:
+        return reply({"version": "specchaos-proxy"})
+
+    async def stats(request: web.Request) -> web.Response:
+        return reply(proxy.stats())
+
+    async def proxies(request: web.Request) -> web.Response:
+        return reply({proxy.name: proxy.describe()})
+
+    async def describe(request: web.Request) -> web.Response:
+        return reply(proxy.describe())
+
+    async def toxics(request: web.Request) -> web.Response:
+        return reply([t.public() for t, _ in proxy.toxics.values()])
+
+    async def add(request: web.Request) -> web.Response:
+        toxic = parse_toxic(json.loads(await request.read() or b"{}"))
+        if toxic.name in proxy.toxics:
+            return reply({"error": f"toxic {toxic.name} already exists"}, 409)
+        proxy.add(toxic)
+        return reply(toxic.public())
+
+    async def update(request: web.Request) -> web.Response:
+        body = json.loads(await request.read() or b"{}")
+        return reply(proxy.update(request.match_info["toxic"], body.get("toxicity"), body.get("attributes")).public())
+
+    async def remove(request: web.Request) -> web.Response:
+        if not proxy.remove(request.match_info["toxic"]):
+            raise KeyError(request.match_info["toxic"])
+        return web.Response(status=204)
+
+    app = web.Application(middlewares=[errors])
+    toxic = "/proxies/{proxy}/toxics/{toxic}"
+    app.add_routes([web.get("/version", version), web.get("/stats", stats), web.get("/proxies", proxies),
+                    web.get("/proxies/{proxy}", describe), web.get("/proxies/{proxy}/toxics", toxics),
+                    web.post("/proxies/{proxy}/toxics", add), web.post(toxic, update), web.delete(toxic, remove)])
+    return app
 
 
 def _address(text: str, what: str, allowed: bool = False) -> tuple[str, int]:
@@ -503,13 +367,18 @@ async def serve(name: str, listen: tuple[str, int], upstream: tuple[str, int], s
     """Run the proxy until cancelled; prints the ready line (module doc) on stdout."""
     proxy = Proxy(name, upstream, seed)
     server = await asyncio.start_server(proxy.handle, listen[0], listen[1], backlog=256)
-    control = await asyncio.start_server(lambda r, w: _control(proxy, r, w), listen[0], 0)
+    control = web.AppRunner(control_app(proxy), access_log=None)
+    await control.setup()
+    await web.TCPSite(control, listen[0], 0).start()
     lh, lp = server.sockets[0].getsockname()[:2]
-    ch, cp = control.sockets[0].getsockname()[:2]
+    ch, cp = control.addresses[0][:2]
     proxy.listen = f"{lh}:{lp}"
     print(json.dumps({"listen": proxy.listen, "control": f"{ch}:{cp}", "pid": os.getpid()}), flush=True)
-    async with server, control:
-        await asyncio.gather(server.serve_forever(), control.serve_forever())
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        await control.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:

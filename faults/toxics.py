@@ -5,8 +5,8 @@ A toxic is plain data, as in toxiproxy's HTTP API::
     {"name": "latency_downstream", "type": "latency", "stream": "downstream",
      "toxicity": 1.0, "attributes": {"latency": 50, "jitter": 25}}
 
-* ``type``: one of :data:`TOXIC_TYPES`; ``attributes`` are validated by the type's model
-  below (units as toxiproxy's: milliseconds, KB/s, microseconds for the slicer's delay);
+* ``type``: one of :data:`TOXIC_TYPES`; ``attributes`` are validated by the type's
+  ``Attrs`` model (units as toxiproxy's: ms, KB/s, µs for the slicer's delay);
 * ``stream``: ``"upstream"`` (client → server: the request) or ``"downstream"``
   (server → client: the response);
 * ``toxicity``: the fraction of connections the toxic acts on, in [0, 1]. The decision is
@@ -16,134 +16,57 @@ A toxic is plain data, as in toxiproxy's HTTP API::
   Every further draw of the toxic on that connection (jitter, slice sizes, the corrupted
   event) continues that same generator.
 
-The byte-level transformations are pure functions here (:func:`slice_sizes`,
-:class:`SseReframer`, :func:`corrupt_events`); the proxy applies them and does the
-waiting. ``corrupt`` (not a toxiproxy toxic) alters, drops or duplicates one SSE event of
-each streamed (``text/event-stream``, chunked) response on an affected connection,
-re-framing the HTTP chunked body so the HTTP layer stays valid: only the SSE content lies.
-Its semantic modes (``append_after_stop``, ``drop_token_text``, ``break_json``,
-``zero_logprobs``) rewrite the events' JSON instead, each aimed at one request-class
-invariant (:mod:`faults.sse_rewrite`); they ride the same re-framing, plan and evidence.
+Each type is one :class:`ToxicPipe` subclass (toxiproxy's pipe), registered in
+:data:`TOXICS` by its ``kind``: adding a toxic is one new class. ``corrupt`` and ``abort``
+re-frame streamed SSE responses (:class:`SseReframer`, h11 parses the HTTP); the others act
+on raw TCP bytes.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import h11
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from faults.sse_rewrite import ResponseRewrite
 
-__all__ = ["TOXIC_TYPES", "STREAMS", "Toxic", "ATTRIBUTES", "connection_rng", "slice_sizes", "SseReframer",
-           "corrupt_events", "Corruption", "parse_toxic", "AbortPlan", "CorruptPlan"]
+__all__ = ["TOXICS", "TOXIC_TYPES", "STREAMS", "Toxic", "ToxicPipe", "ToxicStats", "Delays", "Segments",
+           "connection_rng", "slice_sizes", "SseReframer", "corrupt_events", "Corruption", "parse_toxic",
+           "CorruptPlan"]
 
-TOXIC_TYPES = ("latency", "bandwidth", "slicer", "reset_peer", "timeout", "limit_data", "corrupt", "abort")
 STREAMS = ("upstream", "downstream")
+#: Pieces of one chunk on their way through the toxics: ``(not before, perf_counter s; bytes)``.
+Segments = list[tuple[float, bytes]]
+_SAMPLES = 2000
 
 
-class _Attrs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LatencyAttrs(_Attrs):
-    """``latency`` ms added to every chunk (from its arrival at the proxy), plus a jitter
-    drawn per chunk: uniform in ±``jitter`` ms (toxiproxy's) or normal with sd ``jitter``
-    ms (``distribution: normal``); the delay never goes below 0."""
-
-    latency: float = Field(0.0, ge=0)
-    jitter: float = Field(0.0, ge=0)
-    distribution: Literal["uniform", "normal"] = "uniform"
-
-
-class BandwidthAttrs(_Attrs):
-    """At most ``rate`` KB/s (1 KB = 1000 bytes) through the stream."""
-
-    rate: float = Field(gt=0)
-
-
-class SlicerAttrs(_Attrs):
-    """Split every chunk into pieces of ``average_size`` ± ``size_variation`` bytes,
-    ``delay`` µs apart (as an SSE stream split across TCP segments)."""
-
-    average_size: int = Field(64, ge=1)
-    size_variation: int = Field(0, ge=0)
-    delay: float = Field(0.0, ge=0)
-
-    @model_validator(mode="after")
-    def _variation(self) -> "SlicerAttrs":
-        if self.size_variation >= self.average_size:
-            raise ValueError("size_variation must be smaller than average_size")
-        return self
-
-
-class ResetPeerAttrs(_Attrs):
-    """Reset the connection (TCP RST to the client, close to the server) ``timeout`` ms
-    after the toxic first sees data on it (0: at once)."""
-
-    timeout: float = Field(0.0, ge=0)
-
-
-class TimeoutAttrs(_Attrs):
-    """Blackhole: drop all data; close the connection after ``timeout`` ms (0: never,
-    data is dropped until the toxic is removed)."""
-
-    timeout: float = Field(0.0, ge=0)
-
-
-class LimitDataAttrs(_Attrs):
-    """Close the connection once ``bytes`` bytes went through the stream."""
-
-    bytes: int = Field(ge=0)
-
-
-class CorruptAttrs(_Attrs):
-    """Corrupt one SSE event of every streamed response: ``mode`` ``alter`` (the first
-    output token id + 1, else ``usage.completion_tokens`` + 1), ``drop``, ``duplicate``,
-    or ``any`` (one of these three, drawn per response); the event's index is drawn in
-    [0, ``max_event``] (a response with fewer events is left alone). ``data: [DONE]`` is
-    never touched. The semantic modes rewrite the events' JSON, each breaking one
-    request-class invariant (:mod:`faults.sse_rewrite`): ``append_after_stop``,
-    ``drop_token_text`` (its event: the ``k``-th with token text, ``k`` drawn in
-    [0, ``max_event``]), ``break_json``, ``zero_logprobs``; ``any`` never draws them."""
-
-    mode: Literal["alter", "drop", "duplicate", "any", "append_after_stop", "drop_token_text", "break_json",
-                  "zero_logprobs"] = "any"
-    max_event: int = Field(3, ge=0)
-
-
-class AbortAttrs(_Attrs):
-    """Close the connection (to the server: a client disconnect; to the client: a cut
-    stream) right after the ``after_events``-th SSE event of a streamed response (1: after
-    the first chunk). For ``abort`` the toxicity is the fraction of *responses* aborted,
-    drawn per response (an aborted connection is gone, so the next request opens another)."""
-
-    after_events: int = Field(1, ge=1)
-
-
-ATTRIBUTES: dict[str, type[_Attrs]] = {
-    "latency": LatencyAttrs, "bandwidth": BandwidthAttrs, "slicer": SlicerAttrs, "reset_peer": ResetPeerAttrs,
-    "timeout": TimeoutAttrs, "limit_data": LimitDataAttrs, "corrupt": CorruptAttrs, "abort": AbortAttrs,
-}
+def _error_line(exc: ValidationError, where: str = "", unknown: str = "") -> str:
+    """One line naming the field of a pydantic error (``"latency: Input should be ..."``);
+    ``where`` stands for an empty location, ``unknown`` is the message for an unknown field."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or where
+    msg = unknown if err["type"] == "extra_forbidden" and unknown else str(err["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
 
 
 def attributes_error(toxic_type: str, attributes: Any) -> str | None:
     """None when ``attributes`` are valid for ``toxic_type``, else one line naming the
     attribute (``"latency: Input should be greater than or equal to 0"``)."""
-    model = ATTRIBUTES.get(toxic_type)
-    if model is None:
+    pipe = TOXICS.get(toxic_type)
+    if pipe is None:
         return f"unknown toxic type {toxic_type!r} (known: {', '.join(TOXIC_TYPES)})"
     try:
-        model.model_validate(attributes or {})
+        pipe.Attrs.model_validate(attributes or {})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "attributes"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown attribute of {toxic_type} (takes: {', '.join(model.model_fields)})"
-        return f"{loc}: {msg}"
+        return _error_line(exc, "attributes",
+                           f"unknown attribute of {toxic_type} (takes: {', '.join(pipe.Attrs.model_fields)})")
     return None
 
 
@@ -154,10 +77,17 @@ class Toxic(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""
-    type: Literal["latency", "bandwidth", "slicer", "reset_peer", "timeout", "limit_data", "corrupt", "abort"]
+    type: str
     stream: Literal["upstream", "downstream"] = "downstream"
     toxicity: float = Field(1.0, ge=0, le=1)
     attributes: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in TOXICS:
+            raise ValueError(f"Input should be {', '.join(map(repr, TOXIC_TYPES[:-1]))} or {TOXIC_TYPES[-1]!r}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "Toxic":
@@ -170,7 +100,7 @@ class Toxic(BaseModel):
 
     @property
     def attrs(self) -> Any:
-        return ATTRIBUTES[self.type].model_validate(self.attributes)
+        return TOXICS[self.type].Attrs.model_validate(self.attributes)
 
     def public(self) -> dict[str, Any]:
         """The JSON toxiproxy's API returns for a toxic."""
@@ -187,10 +117,7 @@ def parse_toxic(data: Any) -> Toxic:
     try:
         return Toxic.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise ValueError(f"{loc}: {msg}" if loc else msg) from None
+        raise ValueError(_error_line(exc)) from None
 
 
 def connection_rng(seed: int, toxic_name: str, connection: int) -> random.Random:
@@ -204,7 +131,134 @@ def affected(rng: random.Random, toxicity: float) -> bool:
     return toxicity >= 1.0 or rng.random() < toxicity
 
 
-def latency_s(attrs: LatencyAttrs, rng: random.Random) -> float:
+# ---------------------------------------------------------------- measurements
+
+class Delays:
+    """Running summary of delays in ms (count, mean, max; p50/p99 over the last samples)."""
+
+    def __init__(self) -> None:
+        self.count, self.total, self.max = 0, 0.0, 0.0
+        self.recent: deque[float] = deque(maxlen=_SAMPLES)
+
+    def add(self, ms: float) -> None:
+        self.count += 1
+        self.total += ms
+        self.max = max(self.max, ms)
+        self.recent.append(ms)
+
+    def summary(self) -> dict[str, Any]:
+        xs = sorted(self.recent)
+
+        def q(p: float) -> float | None:
+            return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3) if xs else None
+
+        return {"count": self.count, "mean": round(self.total / self.count, 3) if self.count else None,
+                "p50": q(0.5), "p99": q(0.99), "max": round(self.max, 3)}
+
+
+class ToxicStats:
+    """What one toxic (by name) met and did, over every connection since it was first added:
+    ``connections_seen`` (connections with data on its stream while it was there),
+    ``connections_affected`` (those its toxicity draw picked), ``chunks_seen`` (chunks read
+    on its stream while it was there), ``chunks`` and ``bytes`` (those on affected
+    connections), ``added_ms`` (arrival at the proxy → end of write of those chunks, ms),
+    and the type's own counters (:attr:`ToxicPipe.counters`)."""
+
+    def __init__(self) -> None:
+        self.added = Delays()
+        self.count: dict[str, Any] = dict.fromkeys(
+            ("connections_seen", "connections_affected", "chunks_seen", "chunks", "bytes"), 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.count | {"added_ms": self.added.summary()}
+
+
+# ---------------------------------------------------------------- the interface
+
+class Link(Protocol):
+    """What a toxic may do to its connection (the proxy's connection implements it):
+    ``index`` (order of acceptance), ``pending`` (a request awaits its response's end),
+    :meth:`later`: call ``act`` in ``delay_s`` s if ``pipe`` is still on the open connection
+    then, :meth:`close` both sides (``reset``: a TCP RST to the client)."""
+
+    index: int
+    pending: bool
+
+    def later(self, pipe: ToxicPipe, delay_s: float, act: Callable[[], None]) -> None: ...
+    def close(self, reset: bool = False) -> None: ...
+
+
+#: Toxic types by name (``type`` of a toxic's JSON): every :class:`ToxicPipe` subclass.
+TOXICS: dict[str, type[ToxicPipe]] = {}
+
+
+class _Attrs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToxicPipe:
+    """One toxic on one connection's stream (toxiproxy's ``Pipe``), with that connection's
+    state. A subclass is one toxic type: its docstring says what it does, ``kind`` names it
+    (and registers it in :data:`TOXICS`), ``Attrs`` is its attribute model, ``counters``
+    its own counters in :class:`ToxicStats` (with start values), and :meth:`pipe` does it;
+    a ``per_response`` toxic acts on every connection and draws per response instead (the
+    proxy counts its streams in flight).
+
+    Attributes:
+        affected: the toxicity draw for this connection (the toxic acts only where True).
+        end: set by :meth:`pipe` to end the connection once its returned pieces are written.
+    """
+
+    kind: ClassVar[str]
+    Attrs: ClassVar[type[_Attrs]]
+    counters: ClassVar[dict[str, Any]] = {}
+    per_response: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        TOXICS[cls.kind] = cls
+
+    def __init__(self, toxic: Toxic, rng: random.Random, stats: ToxicStats, link: Link, mid_stream: bool):
+        self.toxic, self.attrs, self.rng, self.stats, self.link = toxic, toxic.attrs, rng, stats, link
+        for k, v in self.counters.items():
+            stats.count.setdefault(k, type(v)())
+        self.affected = self.per_response or affected(rng, toxic.toxicity)
+        self.end = self.timer = False
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        """The pieces to write for one chunk's ``segments`` (``arrived``, ``now``: perf_counter s)."""
+        raise NotImplementedError
+
+    def close_later(self, delay_s: float, count: str, reset: bool = False) -> None:
+        """Once per connection: in ``delay_s`` s count ``count`` and close (``reset``: RST)."""
+        if not self.timer:
+            self.timer = True
+            self.link.later(self, delay_s, lambda: self._close(count, reset))
+
+    def _close(self, count: str, reset: bool) -> None:
+        self.stats.count[count] += 1
+        self.link.close(reset=reset)
+
+
+# ---------------------------------------------------------------- the toxics
+
+class Latency(ToxicPipe):
+    """``latency`` ms added to every chunk (from its arrival at the proxy), plus a jitter
+    drawn per chunk: uniform in ±``jitter`` ms (toxiproxy's) or normal with sd ``jitter``
+    ms (``distribution: normal``); the delay never goes below 0."""
+
+    class Attrs(_Attrs):
+        latency: float = Field(0.0, ge=0)
+        jitter: float = Field(0.0, ge=0)
+        distribution: Literal["uniform", "normal"] = "uniform"
+
+    kind = "latency"
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        return [(max(t, arrived + latency_s(self.attrs, self.rng)), b) for t, b in segments]
+
+
+def latency_s(attrs: Latency.Attrs, rng: random.Random) -> float:
     """One chunk's delay in seconds (≥ 0)."""
     if attrs.jitter <= 0:
         return attrs.latency / 1000.0
@@ -215,7 +269,7 @@ def latency_s(attrs: LatencyAttrs, rng: random.Random) -> float:
     return max(0.0, ms) / 1000.0
 
 
-def max_chunk_delay_s(attrs: LatencyAttrs) -> float:
+def max_chunk_delay_s(attrs: Latency.Attrs) -> float:
     """The most one chunk's delay may be, by the toxic's declaration, in seconds: ``latency``
     + ``jitter`` for the uniform distribution (its upper end), ``latency`` + 3 ``jitter`` for
     the normal one (its 99.87th percentile; :func:`latency_s` draws it).
@@ -228,7 +282,56 @@ def max_chunk_delay_s(attrs: LatencyAttrs) -> float:
     return (attrs.latency + spread) / 1000.0
 
 
-def slice_sizes(n: int, attrs: SlicerAttrs, rng: random.Random) -> list[int]:
+class Bandwidth(ToxicPipe):
+    """At most ``rate`` KB/s (1 KB = 1000 bytes) through the stream, in pieces of 100 ms."""
+
+    class Attrs(_Attrs):
+        rate: float = Field(gt=0)
+
+    kind, t_next = "bandwidth", 0.0
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        rate = self.attrs.rate * 1000.0                   # bytes/s
+        step = max(1, int(rate * 0.1))
+        out, t_next = [], max(now, self.t_next)
+        for t, b in segments:
+            for i in range(0, len(b), step):
+                t_next = max(t_next, t)
+                out.append((t_next, b[i:i + step]))
+                t_next += len(out[-1][1]) / rate
+        self.t_next = t_next
+        return out
+
+
+class Slicer(ToxicPipe):
+    """Split every chunk into pieces of ``average_size`` ± ``size_variation`` bytes,
+    ``delay`` µs apart (as an SSE stream split across TCP segments)."""
+
+    class Attrs(_Attrs):
+        average_size: int = Field(64, ge=1)
+        size_variation: int = Field(0, ge=0)
+        delay: float = Field(0.0, ge=0)
+
+        @model_validator(mode="after")
+        def _variation(self) -> Slicer.Attrs:
+            if self.size_variation >= self.average_size:
+                raise ValueError("size_variation must be smaller than average_size")
+            return self
+
+    kind, counters = "slicer", {"pieces": 0}
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        out = []
+        for t, b in segments:
+            pos = 0
+            for j, n in enumerate(slice_sizes(len(b), self.attrs, self.rng)):
+                out.append((t + j * self.attrs.delay / 1e6, b[pos:pos + n]))
+                pos += n
+        self.stats.count["pieces"] += len(out)
+        return out
+
+
+def slice_sizes(n: int, attrs: Slicer.Attrs, rng: random.Random) -> list[int]:
     """Sizes of the pieces a chunk of ``n`` bytes is split into (each ≥ 1, summing to ``n``)."""
     sizes = []
     left = n
@@ -242,7 +345,137 @@ def slice_sizes(n: int, attrs: SlicerAttrs, rng: random.Random) -> list[int]:
     return sizes
 
 
-# ---------------------------------------------------------------- HTTP/SSE re-framing (corrupt)
+class ResetPeer(ToxicPipe):
+    """Reset the connection (TCP RST to the client, close to the server) ``timeout`` ms
+    after the toxic first sees data on it (0: at once)."""
+
+    class Attrs(_Attrs):
+        timeout: float = Field(0.0, ge=0)
+
+    kind, counters = "reset_peer", {"resets": 0}
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        self.close_later(self.attrs.timeout / 1000.0, "resets", reset=True)
+        return segments
+
+
+class Timeout(ToxicPipe):
+    """Blackhole: drop all data; close the connection after ``timeout`` ms (0: never,
+    data is dropped until the toxic is removed)."""
+
+    Attrs = ResetPeer.Attrs
+    kind, counters = "timeout", {"bytes_dropped": 0, "closed": 0}
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        self.stats.count["bytes_dropped"] += sum(len(b) for _, b in segments)
+        if self.attrs.timeout > 0:
+            self.close_later(self.attrs.timeout / 1000.0, "closed")
+        return []
+
+
+class LimitData(ToxicPipe):
+    """Close the connection once ``bytes`` bytes went through the stream."""
+
+    class Attrs(_Attrs):
+        bytes: int = Field(ge=0)
+
+    kind, counters, sent = "limit_data", {"bytes_cut": 0, "closed": 0}, 0
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        out = []
+        for t, b in segments:
+            keep = b[:max(0, self.attrs.bytes - self.sent)]
+            self.sent += len(keep)
+            self.stats.count["bytes_cut"] += len(b) - len(keep)
+            if keep:
+                out.append((t, keep))
+        if self.sent >= self.attrs.bytes:
+            self.stats.count["closed"] += 1
+            self.end = True
+        return out
+
+
+class Corrupt(ToxicPipe):
+    """Corrupt one SSE event of every streamed response (:class:`CorruptPlan`): ``mode``
+    ``alter`` (the first output token id + 1, else ``usage.completion_tokens`` + 1),
+    ``drop``, ``duplicate``, or ``any`` (one of these three, drawn per response); the
+    event's index is drawn in [0, ``max_event``] (a response with fewer events is left
+    alone). ``data: [DONE]`` is never touched. The semantic modes rewrite the events' JSON,
+    each breaking one request-class invariant (:mod:`faults.sse_rewrite`):
+    ``append_after_stop``, ``drop_token_text`` (its event: the ``k``-th with token text,
+    ``k`` drawn in [0, ``max_event``]), ``break_json``, ``zero_logprobs``; ``any`` never
+    draws them. Counts ``events_corrupted`` and keeps the first 50 ``corruptions``."""
+
+    class Attrs(_Attrs):
+        mode: Literal["alter", "drop", "duplicate", "any", "append_after_stop", "drop_token_text", "break_json",
+                      "zero_logprobs"] = "any"
+        max_event: int = Field(3, ge=0)
+
+    kind, counters = "corrupt", {"events_corrupted": 0, "corruptions": []}
+
+    def __init__(self, toxic: Toxic, rng: random.Random, stats: ToxicStats, link: Link, mid_stream: bool):
+        super().__init__(toxic, rng, stats, link, mid_stream)
+        self.plan = CorruptPlan(self.rng, self.attrs)
+        self.reframer = SseReframer(self.plan, mid_stream)
+        self.reported = 0
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        out = [(t, self.reframer.feed(b)) for t, b in segments]
+        new, count = self.plan.done[self.reported:], self.stats.count
+        self.reported = len(self.plan.done)
+        count["events_corrupted"] += len(new)
+        count["corruptions"] += [c.as_dict() | {"connection": self.link.index} for c in new[:50 - len(count["corruptions"])]]
+        return out
+
+
+class Abort(ToxicPipe):
+    """Close the connection (to the server: a client disconnect; to the client: a cut
+    stream) right after the ``after_events``-th SSE event of a streamed response (1: after
+    the first chunk). For ``abort`` the toxicity is the fraction of *responses* aborted,
+    drawn per response (an aborted connection is gone, so the next request opens another).
+    It is its own :class:`SseReframer` plan: at each response's start it draws whether to
+    abort it; ``abort_now`` turns True once that response's ``after_events``-th event passed
+    (the re-framer then emits nothing more). Counts ``aborted`` (and the last 200 times)."""
+
+    class Attrs(_Attrs):
+        after_events: int = Field(1, ge=1)
+
+    kind, counters, per_response = "abort", {"aborted": 0, "abort_times": []}, True
+
+    def __init__(self, toxic: Toxic, rng: random.Random, stats: ToxicStats, link: Link, mid_stream: bool):
+        super().__init__(toxic, rng, stats, link, mid_stream)
+        self.aborting = self.abort_now = False
+        self.reframer = SseReframer(self, mid_stream)
+        self.completed = 0
+
+    def start(self, response: int) -> None:
+        self.aborting = self.rng.random() < self.toxic.toxicity     # (the control API may change it in place)
+
+    def event(self, index: int, event: bytes) -> list[bytes]:
+        if self.aborting and index == self.attrs.after_events - 1 and not is_done(event):
+            self.abort_now = True
+        return [event]
+
+    def pipe(self, segments: Segments, arrived: float, now: float) -> Segments:
+        out = [(t, self.reframer.feed(b)) for t, b in segments]
+        if self.reframer.completed > self.completed:
+            self.completed = self.reframer.completed
+            self.link.pending = self.reframer.in_response
+        if self.abort_now:
+            self.stats.count["aborted"] += 1
+            times = self.stats.count["abort_times"]
+            times.append(time.time())
+            del times[:-200]
+            self.end = True
+        return out
+
+
+#: The toxic types' names, in registration order.
+TOXIC_TYPES = tuple(TOXICS)
+LatencyAttrs = Latency.Attrs
+SlicerAttrs = Slicer.Attrs
+CorruptAttrs = Corrupt.Attrs
+
 
 @dataclass
 class Corruption:
@@ -311,11 +544,12 @@ class CorruptPlan:
     :class:`faults.sse_rewrite.ResponseRewrite` per response instead, which rewrites every
     event it applies to. ``done`` lists what was done (one entry per changed event)."""
 
-    def __init__(self, rng: random.Random, attrs: CorruptAttrs):
+    def __init__(self, rng: random.Random, attrs: Corrupt.Attrs):
         self.rng, self.attrs = rng, attrs
         self.done: list[Corruption] = []
         self._response, self._k, self._mode = -1, -1, "alter"
         self._rewrite: ResponseRewrite | None = None
+        self.abort_now = False
 
     def start(self, response: int) -> None:
         self._response = response
@@ -349,26 +583,7 @@ class CorruptPlan:
         return out
 
 
-class AbortPlan:
-    """``abort`` on one connection: at each response's start it draws whether to abort it
-    (``rng.random() < fraction``); :attr:`abort_now` turns True once the response's
-    ``after_events``-th event passed (the re-framer then emits nothing more)."""
-
-    def __init__(self, rng: random.Random, attrs: AbortAttrs, fraction: float):
-        self.rng, self.attrs, self.fraction = rng, attrs, fraction
-        self.aborting = False
-        self.abort_now = False
-
-    def start(self, response: int) -> None:
-        self.aborting = self.rng.random() < self.fraction
-
-    def event(self, index: int, event: bytes) -> list[bytes]:
-        if self.aborting and index == self.attrs.after_events - 1 and not is_done(event):
-            self.abort_now = True
-        return [event]
-
-
-def corrupt_events(events: list[bytes], rng: random.Random, attrs: CorruptAttrs,
+def corrupt_events(events: list[bytes], rng: random.Random, attrs: Corrupt.Attrs,
                    response: int = 0) -> tuple[list[bytes], Corruption | None]:
     """Apply ``corrupt`` to one response's list of SSE events (each without its blank-line
     terminator), as the proxy does event by event. Returns the new list and what was done
@@ -382,13 +597,8 @@ def corrupt_events(events: list[bytes], rng: random.Random, attrs: CorruptAttrs,
 
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
     """Complete SSE events of ``buf`` (separated by a blank line, ``\\n\\n``), and the rest."""
-    events: list[bytes] = []
-    while True:
-        i = buf.find(b"\n\n")
-        if i < 0:
-            return events, buf
-        events.append(buf[:i])
-        buf = buf[i + 2:]
+    *events, rest = buf.split(b"\n\n")
+    return events, rest
 
 
 def chunk(payload: bytes) -> bytes:
@@ -396,36 +606,102 @@ def chunk(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
-class SseReframer:
-    """Incremental HTTP/1.1 response parser for the downstream stream of one connection
-    (keep-alive: several responses in turn). A ``text/event-stream`` response with a
-    chunked body is re-framed one SSE event per HTTP chunk, each complete event passing
-    through ``plan`` (a :class:`CorruptPlan`, or None) as it arrives; every other response
-    passes byte for byte. :meth:`feed` returns the bytes to send on now."""
+def _head(line: bytes, headers: Any) -> bytes:
+    """``line``, then h11's ``headers`` as they came (names' case kept), then the blank line."""
+    return line + b"".join(b"%s: %s\r\n" % kv for kv in headers.raw_items()) + b"\r\n"
 
-    def __init__(self, plan: CorruptPlan | AbortPlan | None = None, mid_stream: bool = False):
+
+class SseReframer:
+    """Incremental HTTP/1.1 response re-framer for the downstream stream of one connection
+    (keep-alive: several responses in turn; h11 parses them). A ``text/event-stream``
+    response with a chunked body is re-framed one SSE event per HTTP chunk, each complete
+    event passing through ``plan`` (a :class:`CorruptPlan` or an :class:`Abort`, or None)
+    as it arrives; every other response passes as it came (head, body, the same chunks).
+    ``mid_stream``: attached to a connection mid-response, bytes pass as they come until a
+    read starts with a response head. :meth:`feed` returns the bytes to send on now; once
+    h11 refuses the stream (not HTTP it knows, or a response that ends with the
+    connection), the rest passes as it comes."""
+
+    def __init__(self, plan: CorruptPlan | Abort | None = None, mid_stream: bool = False):
         self.plan = plan
         self.responses = 0              # SSE responses seen
         self.in_response = False        # inside an SSE response (a stream in flight)
         self.completed = 0              # SSE responses that ended
         self.halted = False             # the plan aborted: nothing more is emitted
-        self._buf = b""
-        # head | length | raw | size | data | trailer; "sync": attached to a connection
-        # mid-response, pass bytes on until a read starts with a response head
-        self._state = "sync" if mid_stream else "head"
-        self._sse = False
-        self._left = 0
-        self._payload = b""
+        self._http = h11.Connection(h11.CLIENT)
+        self._expect()
+        self._sync = mid_stream         # attached mid-response: wait for a response head
+        self._raw = False               # h11 refused the stream: the rest passes as it comes
+        self._chunked = self._sse = False
+        self._payload = b""             # SSE: the body after its last complete event; else: the chunk so far
         self._event = 0
 
     def feed(self, data: bytes) -> bytes:
-        if self.halted:
+        if self.halted or not data:          # (h11 takes b"" for the end of the connection)
             return b""
-        self._buf += data
+        if self._sync:
+            if not data.startswith(b"HTTP/"):
+                return data
+            self._sync = False
+        if self._raw:
+            return data
         out = bytearray()
-        while not self.halted and self._step(out):
-            pass
+        self._http.receive_data(data)
+        try:
+            while not self.halted:
+                event = self._http.next_event()
+                if event is h11.NEED_DATA:
+                    break
+                if event is h11.PAUSED:
+                    self._http.start_next_cycle()
+                    self._expect()
+                else:
+                    self._on(event, out)
+        except h11.ProtocolError:
+            self._raw = True
+            out += self._http.trailing_data[0]
         return bytes(out)
+
+    def _expect(self) -> None:
+        """Tell h11 a request went out (the re-framer sees responses only)."""
+        self._http.send(h11.Request(method="GET", target="/", headers=[("host", "upstream")]))
+        self._http.send(h11.EndOfMessage())
+
+    def _on(self, event: Any, out: bytearray) -> None:
+        if isinstance(event, (h11.Response, h11.InformationalResponse)):
+            out += _head(b"HTTP/%s %d %s\r\n" % (event.http_version, event.status_code, event.reason), event.headers)
+            headers = {k: v.lower() for k, v in event.headers}
+            self._chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
+            self._sse = self._chunked and b"text/event-stream" in headers.get(b"content-type", b"")
+            self._payload, self._event = b"", 0
+            if self._sse and isinstance(event, h11.Response):
+                if self.plan is not None:
+                    self.plan.start(self.responses)
+                self.responses += 1
+                self.in_response = True
+        elif isinstance(event, h11.Data):
+            if not self._chunked:
+                out += event.data
+            elif self._sse:
+                events, self._payload = split_events(self._payload + event.data)
+                self._emit(events, out)
+            else:
+                self._payload += event.data
+                if event.chunk_end:
+                    out += chunk(self._payload)
+                    self._payload = b""
+        elif isinstance(event, h11.EndOfMessage):
+            if self._chunked:
+                if self._sse:
+                    events, rest = split_events(self._payload)
+                    self._emit(events, out)
+                    if self.halted:
+                        return
+                    if rest:
+                        out += chunk(rest)
+                out += _head(b"0\r\n", event.headers)
+            self.completed += self.in_response
+            self.in_response = False
 
     def _emit(self, events: list[bytes], out: bytearray) -> None:
         for e in events:
@@ -433,94 +709,6 @@ class SseReframer:
             self._event += 1
             for s in sent:
                 out += chunk(s + b"\n\n")
-            if getattr(self.plan, "abort_now", False):
-                self.halted, self._buf = True, b""
+            if self.plan is not None and self.plan.abort_now:
+                self.halted = True
                 return
-
-    def _step(self, out: bytearray) -> bool:
-        b = self._buf
-        if not b:
-            return False
-        if self._state == "raw" or (self._state == "sync" and not b.startswith(b"HTTP/")):
-            out += b
-            self._buf = b""
-            return False
-        if self._state == "sync":
-            self._state = "head"
-        if self._state == "head":
-            i = b.find(b"\r\n\r\n")
-            if i < 0:
-                return False
-            head, self._buf = b[:i + 4], b[i + 4:]
-            out += head
-            lines = head.decode("latin-1").lower().split("\r\n")
-            parts = lines[0].split(" ")
-            code = parts[1] if len(parts) > 1 else ""
-            headers = dict((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines[1:] if ":" in ln))
-            if code.startswith("1") or code in ("204", "304"):
-                return True
-            if "chunked" in headers.get("transfer-encoding", ""):
-                self._sse = "text/event-stream" in headers.get("content-type", "")
-                self._state, self._payload, self._event = "size", b"", 0
-                if self._sse:
-                    if self.plan is not None:
-                        self.plan.start(self.responses)
-                    self.responses += 1
-                    self.in_response = True
-            elif headers.get("content-length", "0").isdigit() and int(headers.get("content-length", "0")) > 0:
-                self._left, self._state = int(headers["content-length"]), "length"
-            elif "content-length" not in headers:
-                self._state = "raw"             # delimited by the close
-            return True
-        if self._state == "length":
-            n = min(self._left, len(b))
-            out += b[:n]
-            self._buf, self._left = b[n:], self._left - n
-            if self._left == 0:
-                self._state = "head"
-            return True
-        if self._state == "size":
-            i = b.find(b"\r\n")
-            if i < 0:
-                return False
-            line, self._buf = b[:i + 2], b[i + 2:]
-            size = int(line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                if self._sse:
-                    events, rest = split_events(self._payload)
-                    self._emit(events, out)
-                    if rest:
-                        out += chunk(rest)
-                self._state = "trailer"
-            else:
-                self._left, self._state = size + 2, "data"      # the data and its CRLF
-            if not self._sse or size == 0:
-                out += line
-            return True
-        if self._state == "data":
-            n = min(self._left, len(b))
-            piece, self._buf, self._left = b[:n], b[n:], self._left - n
-            if not self._sse:
-                out += piece
-            else:
-                self._payload += piece
-            if self._left == 0:
-                if self._sse:
-                    self._payload = self._payload[:-2]          # the chunk's CRLF
-                    events, self._payload = split_events(self._payload)
-                    self._emit(events, out)
-                self._state = "size"
-            return True
-        if self._state == "trailer":
-            i = b.find(b"\r\n")
-            if i < 0:
-                return False
-            line, self._buf = b[:i + 2], b[i + 2:]
-            out += line
-            if line == b"\r\n":
-                self._state = "head"
-                if self.in_response:
-                    self.completed += 1
-                self.in_response = False
-            return True
-        return False
