@@ -18,7 +18,7 @@ paths alike:
 
 Not run by CI. Run it under the shared lock (it starts a vLLM server)::
 
-    flock /tmp/specchaos-realstack.lock python bench/proxy_overhead.py [--rounds 6] [--users 4] [--seconds 20]
+    flock /tmp/specchaos-vllm.lock python bench/proxy_overhead.py [--rounds 6] [--users 4] [--seconds 20]
 
 or against a server already running (no lock, no vLLM: e.g. ``bench/sse_server.py``, whose
 answers cost next to nothing, so the proxy's own clock is all that is measured)::
