@@ -110,11 +110,12 @@ class FaultInjector:
         """The vLLM version the stack's spec server reported (:func:`reported_vllm_version`),
         asked once per server URL, before a fault acts; "" when there is no such server yet."""
         server = (getattr(self.ctx.stack, "servers", None) or {}).get("spec")
-        if server is None:
+        url = getattr(server, "base_url", None)   # (a stand-in server without an endpoint reports none)
+        if not url:
             return ""
-        if server.base_url not in self._versions:
-            self._versions[server.base_url] = reported_vllm_version(server.base_url)
-        return self._versions[server.base_url]
+        if url not in self._versions:
+            self._versions[url] = reported_vllm_version(url)
+        return self._versions[url]
 
     def __enter__(self) -> "FaultInjector":
         return self
