@@ -172,7 +172,7 @@ def test_the_command_line_applies_set_var_file_and_environment(tmp_path):
     ok = cli("validate", exp, "--var-file", str(var_file), "--set", "phases.baseline_s=60",
              SPECCHAOS_SET_LOAD__SEED="9")
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.strip().endswith("valid (Kill the drafting worker under load); 3 override(s) applied")
+    assert "valid (Kill the drafting worker under load); 3 override(s) applied\nrequires: " in ok.stdout
     out = tmp_path / "out"
     run = cli("run", exp, "--out", str(out), "--set", "load.userz=8")   # refused before anything starts
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
