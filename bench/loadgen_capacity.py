@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,7 +60,7 @@ from harness.load.config import LoadConfig  # noqa: E402
 from harness.load.locust_process import LocustProcess  # noqa: E402
 from harness.load.prompts import Prompt, save_prompt_set  # noqa: E402
 from harness.load.records import RequestRecord, read_records  # noqa: E402
-from sse_server import send_times_ns  # noqa: E402
+from sse_server import send_times_ns, serving  # noqa: E402
 
 
 def lateness_ms(records: list[RequestRecord]) -> list[float]:
@@ -159,29 +158,15 @@ def main() -> int:
     tpc = args.tokens_per_chunk
     save_prompt_set(work / "prompts.json",
                     [Prompt(i, "short", f"benchmark prompt {i}", 4, args.chunks * tpc) for i in range(16)])
-    cmd = [sys.executable, str(ROOT / "bench" / "sse_server.py"), "--port", "0", "--chunks", str(args.chunks),
-           "--tokens-per-chunk", str(tpc), "--gap-ms", str(args.gap_ms)]
-    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                           preexec_fn=(lambda: os.sched_setaffinity(0, {server_cpu})) if server_cpu is not None else None)
-    try:
-        line = srv.stdout.readline() if srv.stdout else ""
-        if not line.startswith("listening "):
-            print(f"the SSE server did not start: {line!r}", file=sys.stderr)
+    with serving(args.chunks, tpc, args.gap_ms, server_cpu) as (url, srv):
+        if url is None:
             return 1
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
         server = psutil.Process(srv.pid)
         load_before = os.getloadavg()[0]
         cap = run_load(url, work, "capacity", args.users, args.seconds, args.warm_s, client_cpu, server,
                        args.chunks, tpc, args.gap_ms)
         tim = run_load(url, work, "timing", args.timing_users, args.timing_seconds, args.warm_s,
                        client_cpu if args.pin_timing else None, server, args.chunks, tpc, args.timing_gap_ms)
-    finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
     result = {
         "requests_per_s_per_core": cap["requests_per_cpu_s"],
         "timing_error_ms": tim["timing"]["p50_ms"],

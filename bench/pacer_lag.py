@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,11 +28,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from harness.load.config import LoadConfig  # noqa: E402
 from harness.load.locust_process import LocustProcess  # noqa: E402
 from harness.load.profiles import read_load_stats  # noqa: E402
 from harness.load.prompts import Prompt, save_prompt_set  # noqa: E402
+from sse_server import serving  # noqa: E402
 
 
 def run_rate(url: str, work: Path, rate: float, seconds: float) -> dict[str, Any]:
@@ -78,24 +79,11 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="pacer-bench-"))
     save_prompt_set(work / "prompts.json", [Prompt(i, "short", f"benchmark prompt {i}", 4, 8) for i in range(16)])
-    srv = subprocess.Popen([sys.executable, str(ROOT / "bench" / "sse_server.py"), "--port", "0", "--chunks", "2",
-                            "--tokens-per-chunk", "4", "--gap-ms", "1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = srv.stdout.readline() if srv.stdout else ""
-        if not line.startswith("listening "):
-            print(f"the SSE server did not start: {line!r}", file=sys.stderr)
+    with serving(2, 4, 1.0) as (url, _srv):
+        if url is None:
             return 1
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
         load_before = os.getloadavg()[0]
         results = {f"{r:g}": run_rate(url, work, r, args.seconds) for r in rates}
-    finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
     print(f"{'rate/s':>8} {'arrivals':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} {'>1ms':>7} {'>10ms':>7}")
     for rate, r in results.items():
         def f(v: Any) -> str:

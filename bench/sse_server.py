@@ -21,12 +21,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import re
+import subprocess
 import sys
 import time
+from typing import Iterator
 
 _TEXT = re.compile(r" t(\d+)")
+
+
+@contextlib.contextmanager
+def serving(chunks: int, tokens_per_chunk: int, gap_ms: float,
+            cpu: int | None = None) -> Iterator[tuple[str | None, subprocess.Popen]]:
+    """This server in a child process on a free loopback port (pinned to core ``cpu`` when
+    given): ``(base URL, process)``, the URL None when it did not start (its first line is
+    then printed on stderr); terminated (killed after 5 s) on leaving."""
+    cmd = [sys.executable, __file__, "--port", "0", "--chunks", str(chunks), "--tokens-per-chunk",
+           str(tokens_per_chunk), "--gap-ms", str(gap_ms)]
+    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
+    try:
+        line = srv.stdout.readline() if srv.stdout else ""
+        if not line.startswith("listening "):
+            print(f"the SSE server did not start: {line!r}", file=sys.stderr)
+            yield None, srv
+        else:
+            yield f"http://127.0.0.1:{int(line.split()[1])}", srv
+    finally:
+        srv.terminate()
+        try:
+            srv.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
 
 
 def send_times_ns(text: str) -> list[int]:
