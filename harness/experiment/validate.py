@@ -444,13 +444,13 @@ def _check_source_classes(cfg: SpecchaosConfig, requests: list[RequestSpec], *, 
         ExperimentError: the first class no request of the source has, with those it has.
     """
     known = {r.category or SOURCE_CLASS for r in requests}
+    field_name = cfg.load.source.category_field if cfg.load.source is not None else "category"
     for field in ("exclude_request_classes", "request_classes"):
         unknown = [n for n in getattr(cfg.acceptance_floor, field) if n not in known]
         if unknown:
             raise ExperimentError(f"{unknown[0]!r} is not a category of load.source "
                                   f"(its categories: {', '.join(sorted(known))})", where=f"{where}.{field}",
-                                  hint=f"categories come from each record's {cfg.load.source.category_field!r} "
-                                       f"field" if cfg.load.source else None)
+                                  hint=f"categories come from each record's {field_name!r} field")
 
 
 def run_meta(exp: Experiment) -> dict[str, Any]:

@@ -21,7 +21,6 @@ Units: seconds throughout.
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,10 +148,3 @@ class LagHistogram:
         for k, v in (data.get("late") or {}).items():
             h.late[k] = int(v)
         return h
-
-
-def _check_edges() -> None:   # the bin layout's own invariant, asserted once at import
-    assert all(b > a for a, b in zip(EDGES_S, EDGES_S[1:])) and math.isclose(EDGES_S[0], 1e-6)
-
-
-_check_edges()

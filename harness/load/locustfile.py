@@ -510,13 +510,6 @@ STATS_PATH = (worker_records_path(SETTINGS.records_path.with_name("load_stats.js
               if SETTINGS.worker_count > 0 else SETTINGS.records_path.with_name("load_stats.json"))
 
 
-def _sleep_until(deadline: float) -> None:
-    """Sleep on the event loop's timer until ``time.monotonic()`` reaches ``deadline``."""
-    wait = deadline - time.monotonic()
-    if wait > 0:
-        gevent.sleep(wait)
-
-
 class OpenLoopUser(User):
     """The open loop's arrival scheduler (see module doc): one such user runs per locust
     process (per worker of a distributed load); each
@@ -565,7 +558,9 @@ class OpenLoopUser(User):
             request_class = _sent_class(walk)
             if i % self.stride != self.part:
                 continue                     # another worker's arrival
-            _sleep_until(t0 + at)
+            wait = at - (time.monotonic() - t0)
+            if wait > 0:
+                gevent.sleep(wait)
             if _stopping or _quitting:
                 break
             st = self.stats

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.load.lag import BINS_PER_DECADE, LagHistogram
+from harness.load.lag import BINS_PER_DECADE, EDGES_S, LagHistogram
 
 #: a bin's relative width: a percentile read from a histogram is within it of numpy's
 BIN_WIDTH = 10 ** (1 / BINS_PER_DECADE) - 1
@@ -21,6 +21,10 @@ def hist_of(lags):
     for x in lags:
         h.add(x)
     return h
+
+
+def test_the_bins_rise_from_one_microsecond():
+    assert all(b > a for a, b in zip(EDGES_S, EDGES_S[1:])) and EDGES_S[0] == pytest.approx(1e-6)
 
 
 def test_empty_histogram_has_no_figures():
